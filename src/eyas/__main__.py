@@ -1,0 +1,3 @@
+from eyas.cli import main
+
+main()

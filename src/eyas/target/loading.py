@@ -1,0 +1,148 @@
+"""Load a target from a hub id, a local HF directory, a ``.gguf`` file, or ``demo``.
+
+Every spec resolves to something ``from_pretrained`` reads (a directory or a hub id); GGUF
+files and the demo go through a one-time conversion into the eyas cache. Errors list what was
+tried. Default precision: bf16 on GPU, fp32 on CPU; on GPU the weights are placed with
+``device_map="auto"`` so a target larger than one GPU spans several.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from eyas.errors import TargetNotFoundError
+from eyas.target.gguf import demo_gguf_path, ensure_hf_dir_from_gguf
+from eyas.target.layout import TargetLayout, discover_layout
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass
+class Target:
+    """A loaded target: the model, its tokenizer (None if it has none) and its layout."""
+
+    model: nn.Module
+    tokenizer: Any
+    layout: TargetLayout
+    spec: str
+    source: str  # the directory or hub id that was loaded
+
+
+def resolve_target(spec: str) -> str:
+    """Turn a target spec into a local HF directory or a hub id (converting GGUF/demo once)."""
+    if spec == "demo":
+        return str(ensure_hf_dir_from_gguf(demo_gguf_path()))
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise TargetNotFoundError(f"target {spec!r}: GGUF file {path} does not exist")
+        return str(ensure_hf_dir_from_gguf(path))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise TargetNotFoundError(
+                f"target {spec!r}: directory {path} has no config.json; point at an HF model directory "
+                "(config.json + weights), a .gguf file, a hub id, or 'demo'"
+            )
+        return str(path)
+    if path.exists():
+        raise TargetNotFoundError(
+            f"target {spec!r}: {path} is a file but not a .gguf; give an HF model directory, a .gguf file, "
+            "a hub id, or 'demo'"
+        )
+    if not _HUB_ID.match(spec):
+        raise TargetNotFoundError(
+            f"target {spec!r}: tried local path {path} (does not exist); it is not a hub id either "
+            "(those look like 'owner/name')"
+        )
+    return spec
+
+
+def default_device() -> torch.device:
+    """The GPU when there is one, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """bf16 on GPU (what engines serve), fp32 on CPU (exact, and fast enough for tiny models)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def load_target_config(spec: str, trust_remote_code: bool = False):
+    """Load only the config of a target (no weights); returns (config, source)."""
+    from transformers import AutoConfig
+
+    source = resolve_target(spec)
+    try:
+        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code), source
+    except (OSError, ValueError) as err:
+        raise TargetNotFoundError(_tried(spec, source, err)) from err
+
+
+def build_skeleton(config, trust_remote_code: bool = False) -> nn.Module:
+    """Instantiate the architecture on the meta device: the module tree without any weights."""
+    with torch.device("meta"):
+        return _from_loader(lambda cls: cls.from_config(config, trust_remote_code=trust_remote_code), config)
+
+
+def load_target(
+    spec: str,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    trust_remote_code: bool = False,
+) -> Target:
+    """Load model, tokenizer and layout of a target spec, ready for capture."""
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    config, source = load_target_config(spec, trust_remote_code)
+    placement = {"device_map": "auto"} if device.type == "cuda" and device.index is None else {}
+
+    def load(cls):
+        return cls.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code, **placement)
+
+    try:
+        model = _from_loader(load, config)
+    except OSError as err:
+        raise TargetNotFoundError(_tried(spec, source, err)) from err
+    if not placement:
+        model.to(device)
+    model.eval()
+    return Target(model=model, tokenizer=load_tokenizer(source), layout=discover_layout(model), spec=spec, source=source)
+
+
+def load_tokenizer(source: str, trust_remote_code: bool = False):
+    """The target's tokenizer, or None when the source ships none (e.g. a config-only directory)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _from_loader(load, config) -> nn.Module:
+    """Try the causal-LM auto class, then the image-text one (multimodal wrappers)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    errors = []
+    for cls in (AutoModelForCausalLM, AutoModelForImageTextToText):
+        try:
+            return load(cls)
+        except ValueError as err:  # "Unrecognized configuration class ..." for this auto class
+            errors.append(f"{cls.__name__}: {str(err).splitlines()[0]}")
+    raise TargetNotFoundError(
+        f"no causal-LM class in transformers for model_type {getattr(config, 'model_type', '?')!r} "
+        f"(architectures {getattr(config, 'architectures', None)}); tried " + "; ".join(errors)
+        + ". If the model ships its own code, pass --trust-remote-code"
+    )
+
+
+def _tried(spec: str, source: str, err: Exception) -> str:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    where = f"local directory {source}" if Path(source).is_dir() else f"hub id {source!r} (local path ./{spec} does not exist)"
+    return f"target {spec!r}: tried {where}: {first}"
