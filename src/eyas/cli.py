@@ -22,6 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+err_console = Console(stderr=True)
 
 
 @app.command()
@@ -81,7 +82,7 @@ class _user_errors:
 
     def __exit__(self, kind, err, tb):
         if isinstance(err, EyasError):
-            console.print(f"[bold red]error:[/] {err}", highlight=False)
+            err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
             sys.exit(2)
         return False
 

@@ -275,6 +275,6 @@ def _check_lm_head_consumed_final(head_tap: _Tap, final: torch.Tensor) -> None:
     if seen.shape != tail.shape or not torch.equal(seen.to(tail.dtype), tail):
         raise CaptureError(
             "the tensor lm_head consumed differs from the final norm's output: this model transforms "
-            "the hidden state between its final norm and lm_head, so the discovered final norm is not "
+            "the hidden state between its final norm and lm_head (e.g. a MiniCPM-style scale), so the final norm is not "
             "the last step before the head; report the architecture to eyas"
         )

@@ -1,0 +1,16 @@
+"""`eyas demo` runs what is built on the demo target and says what is not built yet."""
+
+import pytest
+from typer.testing import CliRunner
+
+from eyas.cli import app
+
+
+@pytest.mark.slow
+def test_demo_captures_verifies_and_lists_missing_stages():
+    result = CliRunner().invoke(app, ["demo"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "aux [1, " in out and ", 1728] at layer ids [2, 15, 27]" in out
+    assert "layer 2: 0, layer 15: 0, layer 27: 0, final: 0 → identical" in out
+    assert "not built yet" in out and "eyas train" in out

@@ -1,0 +1,197 @@
+"""Tiny random-weight targets of many architectures, built from configs (no hub, no files).
+
+Every text stack has 8 decoder layers, so the default taps are (2, 4, 5), and hidden size 64.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+LAYERS = 8
+HIDDEN = 64
+VOCAB = 256
+IMAGE_TOKEN = 250
+
+_TEXT = dict(
+    hidden_size=HIDDEN,
+    intermediate_size=128,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=VOCAB,
+    max_position_embeddings=256,
+    pad_token_id=0,
+)
+
+
+def _seeded(build):
+    torch.manual_seed(0)
+    model = build()
+    return model.float().eval()
+
+
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return _seeded(lambda: LlamaForCausalLM(LlamaConfig(**_TEXT)))
+
+
+def qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return _seeded(lambda: Qwen2ForCausalLM(Qwen2Config(**_TEXT)))
+
+
+def qwen3():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return _seeded(lambda: Qwen3ForCausalLM(Qwen3Config(**_TEXT, head_dim=16)))
+
+
+def qwen3_moe():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(**_TEXT, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    return _seeded(lambda: Qwen3MoeForCausalLM(cfg))
+
+
+def mistral():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return _seeded(lambda: MistralForCausalLM(MistralConfig(**_TEXT, sliding_window=None)))
+
+
+def gemma3_text():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(**_TEXT, head_dim=16, sliding_window=16)
+    return _seeded(lambda: Gemma3ForCausalLM(cfg))
+
+
+def deepseek_v3_config(**overrides):
+    """A DeepSeek-V3-shaped config (MLA attention, shared + routed experts), tiny by default."""
+    from transformers import DeepseekV3Config
+
+    base = dict(
+        _TEXT,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+    )
+    base.update(overrides)
+    return DeepseekV3Config(**base)
+
+
+def deepseek_v3():
+    from transformers import DeepseekV3ForCausalLM
+
+    return _seeded(lambda: DeepseekV3ForCausalLM(deepseek_v3_config()))
+
+
+def qwen2_5_vl():
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    text = dict(_TEXT, rope_scaling={"type": "mrope", "mrope_section": [2, 2, 4]})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN,
+                  patch_size=4, spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1])
+    cfg = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE_TOKEN, video_token_id=251,
+                           vision_start_token_id=252)
+    return _seeded(lambda: Qwen2_5_VLForConditionalGeneration(cfg))
+
+
+def llava():
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                              image_size=16, patch_size=4)
+    cfg = LlavaConfig(vision_config=vision, text_config=LlamaConfig(**_TEXT), image_token_index=IMAGE_TOKEN,
+                      projector_hidden_act="gelu")
+    return _seeded(lambda: LlavaForConditionalGeneration(cfg))
+
+
+LLAVA_IMAGE_TOKENS = (16 // 4) ** 2  # patches of one 16×16 image; CLS dropped by the 'default' strategy
+
+
+class KimiStyleConfig(PretrainedConfig):
+    """A Kimi-K2.5-shaped wrapper config: DeepSeek-V3 text model plus a vision tower."""
+
+    model_type = "kimi_style_test"
+
+    def __init__(self, text_config=None, **kwargs):
+        self.text_config = text_config
+        super().__init__(**kwargs)
+
+
+class _VisionTower(nn.Module):
+    # As many blocks as the text stack, on purpose: layout discovery must not be fooled.
+    def __init__(self, width: int, depth: int):
+        super().__init__()
+        self.patch = nn.Linear(12, width)
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, pixels):
+        h = self.patch(pixels)
+        for layer in self.layers:
+            h = h + torch.tanh(layer(h))
+        return self.norm(h)
+
+
+class KimiStyleForConditionalGeneration(PreTrainedModel):
+    """Text stack at ``language_model.model.layers``, as in Kimi-K2.5."""
+
+    config_class = KimiStyleConfig
+
+    def __init__(self, config: KimiStyleConfig):
+        from transformers import DeepseekV3ForCausalLM
+
+        super().__init__(config)
+        text = config.text_config
+        self.vision_tower = _VisionTower(32, text.num_hidden_layers)
+        self.mm_projector = nn.Linear(32, text.hidden_size)
+        self.language_model = DeepseekV3ForCausalLM(text)
+
+    def get_input_embeddings(self):
+        return self.language_model.get_input_embeddings()
+
+    def get_output_embeddings(self):
+        return self.language_model.get_output_embeddings()
+
+    def forward(self, input_ids, attention_mask=None, pixel_values=None, **kwargs):
+        embeds = self.get_input_embeddings()(input_ids)
+        if pixel_values is not None:
+            features = self.mm_projector(self.vision_tower(pixel_values)).to(embeds.dtype)
+            embeds = embeds.masked_scatter((input_ids == IMAGE_TOKEN).unsqueeze(-1), features)
+        return self.language_model(inputs_embeds=embeds, attention_mask=attention_mask, **kwargs)
+
+
+def kimi_style():
+    cfg = KimiStyleConfig(text_config=deepseek_v3_config())
+    return _seeded(lambda: KimiStyleForConditionalGeneration(cfg))
+
+
+# name → (builder, expected decoder-stack path)
+ARCHITECTURES = {
+    "llama": (llama, "model.layers"),
+    "qwen2": (qwen2, "model.layers"),
+    "qwen3": (qwen3, "model.layers"),
+    "qwen3_moe": (qwen3_moe, "model.layers"),
+    "mistral": (mistral, "model.layers"),
+    "gemma3_text": (gemma3_text, "model.layers"),
+    "deepseek_v3": (deepseek_v3, "model.layers"),
+    "qwen2_5_vl": (qwen2_5_vl, "model.language_model.layers"),
+    "llava": (llava, "model.language_model.layers"),
+    "kimi_style": (kimi_style, "language_model.model.layers"),
+}
