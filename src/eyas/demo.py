@@ -38,7 +38,8 @@ def run_demo(console: Console) -> None:
     console.print(
         f"loaded in {time.perf_counter() - start:.1f}s from {target.source}\n"
         f"layout: {layout.num_layers} decoder layers at {layout.layers_path}, H = {layout.hidden_size}, "
-        f"vocab = {layout.vocab_size}; final norm {layout.norm_path}; lm_head {layout.lm_head_path}"
+        f"vocab = {layout.vocab_size}; final norm {layout.norm_path}; lm_head {layout.lm_head_path}",
+        soft_wrap=True,
     )
     input_ids = target.tokenizer.apply_chat_template(DEMO_CHAT, return_tensors="pt", return_dict=True)["input_ids"]
     start = time.perf_counter()
@@ -47,7 +48,8 @@ def run_demo(console: Console) -> None:
     tokens = input_ids.shape[1]
     console.print(
         f"capture: {tokens} tokens in {elapsed * 1000:.0f} ms → aux {list(captured.aux.shape)} "
-        f"at layer ids {list(captured.layer_ids)} (input of those decoder layers), final {list(captured.final.shape)}"
+        f"at layer ids {list(captured.layer_ids)} (input of those decoder layers), final {list(captured.final.shape)}",
+        soft_wrap=True,
     )
     diffs = max_abs_diff_vs_hf(target.model, layout, input_ids, captured)
     worst = max(diffs.values())
@@ -55,7 +57,8 @@ def run_demo(console: Console) -> None:
     console.print(
         "check against transformers output_hidden_states: "
         + ", ".join(f"{k}: {v:.3g}" for k, v in diffs.items())
-        + f" → {verdict}"
+        + f" → {verdict}",
+        soft_wrap=True,
     )
     console.rule("not built yet")
     for command, what in NOT_BUILT_YET:
