@@ -44,46 +44,70 @@ class CapturedStates:
         return self.aux[row, :n], self.final[row, :n]
 
 
-class _Sink:
-    """Moves a captured tensor off the accelerator without stalling the forward.
+class _Buffers:
+    """Assembles the captured states in place, then moves them off the accelerator in one go.
 
-    On CUDA the copy runs on a side stream into pinned host memory (non-blocking), so the
-    next layer's kernels queue up while the copy drains; ``wait()`` joins before results are
-    read. On CPU it clones, so a model that later updates its residual in place cannot alter
-    what was captured.
+    Each aux tap copies its tensor straight into its slice of one ``[B, T, k·H]`` buffer on the
+    model's device (a device-side copy, queued behind the layer that produced it), so no
+    concatenation is needed afterwards — on the host that would cost a full extra pass over
+    the bytes. With ``offload`` the finished buffers go to pinned host memory with
+    non-blocking copies on a side stream, overlapping whatever the model still runs (lm_head).
+    Copies, not references: a model updating its residual in place cannot alter them.
     """
 
-    def __init__(self, offload: bool):
-        self.offload = offload
-        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+    def __init__(self, batch: int, tokens: int, width: int, taps: int):
+        self.shape = (batch, tokens, width * taps)
+        self.width = width
+        self.aux: torch.Tensor | None = None
+        self.final: torch.Tensor | None = None
+        self._host: list[torch.Tensor] = []
+        self._stream: torch.cuda.Stream | None = None
 
-    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.device.type != "cuda":
-            return tensor.detach().clone()
-        if not self.offload:
-            return tensor.detach().clone()
-        stream = self._streams.get(tensor.device)
-        if stream is None:
-            stream = self._streams[tensor.device] = torch.cuda.Stream(tensor.device)
-        stream.wait_stream(torch.cuda.current_stream(tensor.device))
-        with torch.cuda.stream(stream):
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            host.copy_(tensor.detach(), non_blocking=True)
-        tensor.record_stream(stream)  # keep the device memory alive until the copy is done
-        return host
+    def aux_slot(self, index: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A store function writing a tap's tensor into aux[..., index·H:(index+1)·H]."""
 
-    def wait(self) -> None:
-        for stream in self._streams.values():
-            stream.synchronize()
+        def store(tensor: torch.Tensor) -> torch.Tensor:
+            if self.aux is None:
+                self.aux = torch.empty(self.shape, dtype=tensor.dtype, device=tensor.device)
+            slot = self.aux[..., index * self.width : (index + 1) * self.width]
+            slot.copy_(tensor.detach())  # crosses GPUs when the target spans several
+            return slot
+
+        return store
+
+    def store_final(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.final = tensor.detach().clone()
+        return self.final
+
+    def start_offload(self) -> None:
+        """Queue non-blocking copies of aux and final into pinned host memory (CUDA only)."""
+        if self.aux is None or self.aux.device.type != "cuda":
+            return
+        device = self.aux.device
+        self._stream = torch.cuda.Stream(device)
+        self._stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(self._stream):
+            for tensor in (self.aux, self.final):
+                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                host.copy_(tensor, non_blocking=True)
+                tensor.record_stream(self._stream)  # keep device memory alive until copied
+                self._host.append(host)
+
+    def results(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux, final), on the host if offloaded; waits for the copies."""
+        if self._stream is None:
+            return self.aux, self.final
+        self._stream.synchronize()
+        return self._host[0], self._host[1]
 
 
 class _Tap:
     """One hook's record: how often it fired, and the tensor it saw the first time."""
 
-    def __init__(self, what: str, expect: tuple[int, ...], sink: Callable[[torch.Tensor], torch.Tensor] | None):
+    def __init__(self, what: str, expect: tuple[int, ...], store: Callable[[torch.Tensor], torch.Tensor]):
         self.what = what
         self.expect = expect  # leading dims the tensor must have, e.g. (B, T, H)
-        self.sink = sink
+        self.store = store
         self.calls = 0
         self.shape: tuple[int, ...] | None = None
         self.tensor: torch.Tensor | None = None
@@ -92,8 +116,8 @@ class _Tap:
         self.calls += 1
         if self.calls == 1:
             self.shape = tuple(tensor.shape)
-            if self.shape[: len(self.expect)] == self.expect and self.sink is not None:
-                self.tensor = self.sink(tensor)
+            if self.shape[: len(self.expect)] == self.expect:
+                self.tensor = self.store(tensor)
 
     def problem(self) -> str | None:
         if self.calls == 0:
@@ -129,33 +153,31 @@ def capture_hidden_states(
     lengths = _right_padded_lengths(input_ids, attention_mask)
     batch, tokens = input_ids.shape
     expect = (batch, tokens, layout.hidden_size)
-    sink = _Sink(offload)
+    buffers = _Buffers(batch, tokens, layout.hidden_size, len(ids))
     aux_taps = [
-        _Tap(f"{_input_of(layout, i)} (layer id {i})", expect, sink) for i in ids
+        _Tap(f"{_input_of(layout, i)} (layer id {i})", expect, buffers.aux_slot(k)) for k, i in enumerate(ids)
     ]
-    final_tap = _Tap(f"{layout.norm_path} output (final hidden)", expect, sink)
-    # lm_head may see fewer tokens (logits_to_keep); record what it consumed to cross-check.
-    head_tap = _Tap(f"{layout.lm_head_path} input", (batch,), sink)
+    final_tap = _Tap(f"{layout.norm_path} output (final hidden)", expect, buffers.store_final)
+    # lm_head may see fewer tokens (logits_to_keep); keep what it consumed to cross-check.
+    head_tap = _Tap(f"{layout.lm_head_path} input", (batch,), lambda t: t.detach().clone())
 
     handles = []
     try:
         for layer_id, tap in zip(ids, aux_taps):
             module = layout.layers[layer_id] if layer_id < layout.num_layers else layout.norm
             handles.append(module.register_forward_pre_hook(_input_hook(tap), with_kwargs=True))
-        handles.append(layout.norm.register_forward_hook(lambda m, a, out: final_tap.record(_first_tensor(out))))
+        handles.append(layout.norm.register_forward_hook(lambda m, a, out: _final_hook(final_tap, buffers, offload, out)))
         handles.append(layout.lm_head.register_forward_pre_hook(_input_hook(head_tap), with_kwargs=True))
         _forward(model, layout, input_ids, attention_mask, model_inputs)
     finally:
         for handle in handles:
             handle.remove()
-    sink.wait()
 
     problems = [p for tap in (*aux_taps, final_tap) if (p := tap.problem())]
     if problems:
         raise CaptureError(_explain(problems))
-    final = final_tap.tensor
-    _check_lm_head_consumed_final(head_tap, final)
-    aux = torch.cat([tap.tensor for tap in aux_taps], dim=-1)
+    _check_lm_head_consumed_final(head_tap, final_tap.tensor)
+    aux, final = buffers.results()
     return CapturedStates(aux=aux, final=final, layer_ids=ids, lengths=lengths)
 
 
@@ -175,8 +197,10 @@ def _input_hook(tap: _Tap):
     return hook
 
 
-def _first_tensor(out) -> torch.Tensor:
-    return out if isinstance(out, torch.Tensor) else out[0]
+def _final_hook(tap: _Tap, buffers: _Buffers, offload: bool, out) -> None:
+    tap.record(out if isinstance(out, torch.Tensor) else out[0])
+    if offload and tap.calls == 1 and tap.tensor is not None:
+        buffers.start_offload()  # every aux layer has run: start the copies while lm_head runs
 
 
 def _forward(model, layout, input_ids, attention_mask, model_inputs) -> None:
@@ -191,12 +215,14 @@ def _forward(model, layout, input_ids, attention_mask, model_inputs) -> None:
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = 1  # we need hidden states, not [T, V] logits
     was_training = model.training
-    model.eval()  # dropout would make the captured states random
+    if was_training:
+        model.eval()  # dropout would make the captured states random
     try:
         with torch.no_grad():  # not inference_mode: trainers feed these states to autograd
             model(**kwargs)
     finally:
-        model.train(was_training)
+        if was_training:  # toggling walks every module: only when needed (it costs ms)
+            model.train()
 
 
 def _first_param_device(module: nn.Module) -> torch.device:
