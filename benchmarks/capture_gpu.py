@@ -34,7 +34,11 @@ def main() -> None:
 
     target = load_target(args.target)
     model, layout = target.model, target.layout
-    results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": str(next(model.parameters()).dtype)}
+    results: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "dtype": str(next(model.parameters()).dtype),
+    }
 
     chat = [{"role": "user", "content": "Explain speculative decoding in two sentences."}]
     ids = target.tokenizer.apply_chat_template(chat, return_tensors="pt", return_dict=True)["input_ids"]

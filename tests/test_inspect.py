@@ -16,7 +16,8 @@ runner = CliRunner()
 @pytest.mark.slow
 def test_inspect_demo_prints_30_layers_and_ids_2_15_27():
     # A real process through the console entry point, as a user runs it.
-    done = subprocess.run([sys.executable, "-m", "eyas", "inspect", "demo", "--json"], capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "eyas", "inspect", "demo", "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
     assert info["num_layers"] == 30

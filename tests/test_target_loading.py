@@ -5,8 +5,8 @@ import torch
 
 import zoo
 from eyas.errors import TargetNotFoundError
-from eyas.target import load_target, resolve_target
 from eyas.target import gguf as gguf_module
+from eyas.target import load_target, resolve_target
 from eyas.target.loading import default_dtype
 
 

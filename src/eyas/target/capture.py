@@ -163,7 +163,7 @@ def capture_hidden_states(
 
     handles = []
     try:
-        for layer_id, tap in zip(ids, aux_taps):
+        for layer_id, tap in zip(ids, aux_taps, strict=True):
             module = layout.layers[layer_id] if layer_id < layout.num_layers else layout.norm
             handles.append(module.register_forward_pre_hook(_input_hook(tap), with_kwargs=True))
         handles.append(layout.norm.register_forward_hook(lambda m, a, out: _final_hook(final_tap, buffers, offload, out)))

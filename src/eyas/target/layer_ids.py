@@ -34,7 +34,7 @@ def validate_layer_ids(layer_ids: Sequence[int], num_layers: int) -> tuple[int, 
     ids = tuple(int(i) for i in layer_ids)
     if not ids:
         raise ValueError("layer ids are empty; EAGLE-3 taps three layers, e.g. (2, N//2, N-3)")
-    if any(b <= a for a, b in zip(ids, ids[1:])):
+    if any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
         raise ValueError(
             f"layer ids {list(ids)} must be strictly increasing: the drafter's fc reads them "
             "concatenated low→mid→high"
