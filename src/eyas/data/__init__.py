@@ -1,0 +1,1 @@
+"""Data: conversation readers, chat-template rendering with loss masks, draft vocab, regeneration."""
