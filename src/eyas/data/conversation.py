@@ -45,3 +45,12 @@ class Conversation:
         """Inverse of :meth:`to_json`."""
         turns = [Turn(t["role"], t["content"], bool(t.get("regenerated", False))) for t in data["turns"]]
         return cls(id=data["id"], turns=turns, origin=data.get("origin", ""))
+
+
+@dataclass
+class Skip:
+    """A record left out, with where it was (``file:line``) and why (a short category)."""
+
+    origin: str
+    reason: str
+    detail: str = ""

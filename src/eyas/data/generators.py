@@ -1,0 +1,295 @@
+"""Turn generators: the target answering a batch of chat prompts, in-process or through a server.
+
+Both return one ``Answer`` or one ``Exception`` per prompt, in order: a prompt that fails fails
+only its own conversation, never the run. Errors that mean the whole setup is broken (no chat
+template, server unreachable at start) are raised as ``EyasError`` when the generator is built.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from eyas.errors import EyasError
+
+if TYPE_CHECKING:
+    from eyas.data.regenerate import RegenerationOptions
+
+Messages = list[dict[str, str]]
+
+# How long the start-up probe of a server may take: a wrong address should fail fast.
+_PROBE_TIMEOUT = 30.0
+_MAX_BACKOFF = 60.0
+
+
+@dataclass
+class Answer:
+    """The target's answer to one prompt; ``truncated`` when it stopped at max_new_tokens."""
+
+    text: str
+    truncated: bool = False
+
+
+class TurnGenerator(Protocol):
+    """Anything that answers a batch of chat prompts, one result per prompt, in order."""
+
+    def generate(self, prompts: list[Messages]) -> list[Answer | Exception]: ...
+
+
+class GenerationError(EyasError):
+    """One prompt could not be answered (the server refused it, or retries ran out)."""
+
+
+# --------------------------------------------------------------------------- in-process (HF)
+
+
+class HFGenerator:
+    """Answers with a transformers model: chat template, left-padded batches, greedy or sampled."""
+
+    def __init__(self, model: Any, tokenizer: Any, options: RegenerationOptions):
+        if tokenizer is None:
+            raise EyasError("regeneration needs the target's tokenizer, and this target ships none; "
+                            "point the target at a directory with tokenizer files, or use --server")
+        if not getattr(tokenizer, "chat_template", None):
+            raise EyasError("the target's tokenizer has no chat template, so there is no way to prompt it as a chat; "
+                            "use a chat/instruct model, or regenerate through a --server that applies one")
+        self.model, self.tokenizer, self.options = model, tokenizer, options
+        self.eos_ids = _eos_ids(model, tokenizer)
+        # Padding is masked out, so any id works; fall back to EOS, then 0, when there is no pad token.
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        self._calls = 0
+
+    def generate(self, prompts: list[Messages]) -> list[Answer | Exception]:
+        """Answer every prompt, ``batch_size`` at a time, longest first (least padding)."""
+        results: list[Answer | Exception | None] = [None] * len(prompts)
+        encoded: dict[int, list[int]] = {}
+        for i, messages in enumerate(prompts):
+            try:
+                encoded[i] = self._encode(messages)
+            except Exception as err:  # a template may reject one conversation (raise_exception): fail only that one
+                results[i] = GenerationError(f"chat template failed: {err}")
+        order = sorted(encoded, key=lambda i: -len(encoded[i]))
+        size = max(1, self.options.batch_size)
+        for start in range(0, len(order), size):
+            batch = order[start:start + size]
+            for i, result in zip(batch, self._generate_batch([encoded[i] for i in batch]), strict=True):
+                results[i] = result
+        return results  # type: ignore[return-value]  # every slot is filled above
+
+    def _encode(self, messages: Messages) -> list[int]:
+        """Render with the chat template (generation prompt on) and tokenize without extra specials."""
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # The template already carries BOS etc.; add_special_tokens would double them.
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _generate_batch(self, rows: list[list[int]]) -> list[Answer | Exception]:
+        """One ``model.generate`` call; on CUDA out-of-memory, split the batch in halves."""
+        import torch  # here, not at the top: the server path should start without loading torch
+
+        try:
+            return self._run_generate(rows)
+        except torch.cuda.OutOfMemoryError as err:
+            torch.cuda.empty_cache()
+            if len(rows) == 1:
+                return [GenerationError(f"out of GPU memory on a {len(rows[0])}-token prompt: {err}")]
+            half = len(rows) // 2
+            return self._generate_batch(rows[:half]) + self._generate_batch(rows[half:])
+
+    def _run_generate(self, rows: list[list[int]]) -> list[Answer | Exception]:
+        import torch
+
+        width = max(len(r) for r in rows)
+        device = self.model.get_input_embeddings().weight.device
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for n, row in enumerate(rows):  # left padding: every prompt ends where generation starts
+            input_ids[n, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[n, width - len(row):] = 1
+        sampling = self.options.temperature > 0
+        kwargs: dict[str, Any] = dict(max_new_tokens=self.options.max_new_tokens, do_sample=sampling,
+                                      pad_token_id=self.pad_id, eos_token_id=self.eos_ids or None)
+        if sampling:
+            kwargs["temperature"] = self.options.temperature
+            # Reproducible for a given seed and call sequence; greedy runs leave the global RNG alone.
+            torch.manual_seed(self.options.seed + self._calls)
+            self._calls += 1
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device), **kwargs)
+        return [self._answer(row.tolist()) for row in out[:, width:].cpu()]
+
+    def _answer(self, new_tokens: list[int]) -> Answer:
+        """Cut at the first stop token; no stop token means max_new_tokens ran out."""
+        stops = set(self.eos_ids)
+        cut = next((k for k, t in enumerate(new_tokens) if t in stops), None)
+        kept = new_tokens if cut is None else new_tokens[:cut]
+        return Answer(self.tokenizer.decode(kept, skip_special_tokens=True), truncated=cut is None)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every id that ends a turn: the generation config's (often several) and the tokenizer's."""
+    ids: list[int] = []
+    for value in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if token is not None and token not in ids:
+                ids.append(int(token))
+    return ids
+
+
+# --------------------------------------------------------------------------- OpenAI-compatible server
+
+
+class _Retryable(Exception):
+    """A failure worth retrying (connection, timeout, 429, 5xx); ``wait`` is the server's Retry-After."""
+
+    def __init__(self, message: str, wait: float | None = None):
+        super().__init__(message)
+        self.wait = wait
+
+
+class OpenAIServerGenerator:
+    """Answers through ``POST {server}/chat/completions``, ``concurrency`` requests in flight."""
+
+    def __init__(self, options: RegenerationOptions, backoff: float = 1.0):
+        if not options.server:
+            raise EyasError("OpenAIServerGenerator needs options.server, e.g. http://127.0.0.1:8000/v1")
+        self.options = options
+        self.base = options.server.rstrip("/")
+        self.backoff = backoff  # first retry waits this long, then doubles
+        self.served = self._served_models()
+        if options.model:
+            self.model = options.model
+        elif self.served:
+            self.model = self.served[0]
+        else:
+            raise EyasError(f"the server at {self.base} lists no models at {self.base}/models; pass the model name "
+                            "explicitly (--model)")
+
+    def generate(self, prompts: list[Messages]) -> list[Answer | Exception]:
+        """Send every prompt, up to ``concurrency`` at once; results come back in prompt order."""
+        if not prompts:
+            return []
+        with ThreadPoolExecutor(max_workers=max(1, min(self.options.concurrency, len(prompts)))) as pool:
+            return list(pool.map(self._answer_or_error, prompts))
+
+    def _answer_or_error(self, messages: Messages) -> Answer | Exception:
+        try:
+            return self._answer(messages)
+        except GenerationError as err:
+            return err
+
+    def _answer(self, messages: Messages) -> Answer:
+        """One chat completion, retried with exponential backoff on transient failures."""
+        body = json.dumps({
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.options.temperature,
+            "max_tokens": self.options.max_new_tokens,
+            "seed": self.options.seed,
+        }).encode("utf-8")
+        attempts = max(0, self.options.retries) + 1
+        for attempt, delay in zip(range(attempts), _delays(self.backoff), strict=False):
+            try:
+                return _parse_reply(self._post(body))
+            except _Retryable as err:
+                if attempt + 1 == attempts:
+                    raise GenerationError(f"gave up after {attempts} attempt(s): {err}") from err
+                time.sleep(min(err.wait if err.wait is not None else delay, _MAX_BACKOFF))
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _post(self, body: bytes) -> dict:
+        """POST the request; sort failures into retryable ones and final ones."""
+        request = urllib.request.Request(f"{self.base}/chat/completions", data=body, headers=self._headers(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.options.timeout) as reply:
+                raw = reply.read()
+        except urllib.error.HTTPError as err:
+            message = f"HTTP {err.code}: {_server_message(err)}"
+            if err.code == 429 or err.code >= 500:
+                raise _Retryable(message, _retry_after(err)) from err
+            raise GenerationError(message) from err  # the request itself is wrong: retrying cannot help
+        except TimeoutError as err:
+            raise _Retryable(f"no reply within {self.options.timeout:g}s") from err
+        except urllib.error.URLError as err:
+            raise _Retryable(f"connection failed: {err.reason}") from err
+        except (OSError, http.client.HTTPException) as err:  # reset, remote disconnected, incomplete read
+            raise _Retryable(f"connection failed: {err!r}") from err
+        try:
+            return json.loads(raw)
+        except ValueError as err:
+            raise _Retryable(f"reply is not JSON: {raw[:200]!r}") from err
+
+    def _served_models(self) -> list[str]:
+        """GET {server}/models: proves the server is there, and names its models."""
+        url = f"{self.base}/models"
+        request = urllib.request.Request(url, headers=self._headers())
+        check = ("Check that the server is running and that --server is its OpenAI base URL, "
+                 "usually ending in /v1 (e.g. http://127.0.0.1:8000/v1)")
+        try:
+            with urllib.request.urlopen(request, timeout=min(self.options.timeout, _PROBE_TIMEOUT)) as reply:
+                listing = json.loads(reply.read())
+        except urllib.error.HTTPError as err:
+            raise EyasError(f"the server at {url} answered HTTP {err.code}: {_server_message(err)}. {check}") from err
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            reason = getattr(err, "reason", None) or err
+            raise EyasError(f"cannot reach an OpenAI-compatible server at {url} ({reason}). {check}") from err
+        data = listing.get("data") if isinstance(listing, dict) else None
+        return [m["id"] for m in data or [] if isinstance(m, dict) and "id" in m]
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        # Servers started with an API key (vLLM --api-key, SGLang --api-key) read it from the usual variable.
+        if key := os.environ.get("OPENAI_API_KEY"):
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+
+def _delays(first: float) -> Iterator[float]:
+    """first, 2·first, 4·first, … seconds."""
+    delay = first
+    while True:
+        yield delay
+        delay *= 2
+
+
+def _parse_reply(reply: Any) -> Answer:
+    """The first choice's message content; finish_reason "length" means truncated."""
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    if not choices or not isinstance(choices[0], dict):
+        raise GenerationError(f"reply has no choices: {str(reply)[:200]}")
+    choice = choices[0]
+    content = (choice.get("message") or {}).get("content") or ""
+    return Answer(text=content, truncated=choice.get("finish_reason") == "length")
+
+
+def _server_message(err: urllib.error.HTTPError) -> str:
+    """The server's own explanation: the JSON error message when there is one, else the body's start."""
+    try:
+        raw = err.read()
+    except OSError:
+        return str(err.reason)
+    try:
+        body = json.loads(raw)
+        error = body.get("error", body) if isinstance(body, dict) else body
+        message = error.get("message") if isinstance(error, dict) else error
+        if message:
+            return str(message)[:500]
+    except ValueError:
+        pass
+    return raw[:500].decode("utf-8", "replace").strip() or str(err.reason)
+
+
+def _retry_after(err: urllib.error.HTTPError) -> float | None:
+    """Retry-After in seconds, when the server sent a number."""
+    try:
+        return float(err.headers.get("Retry-After", ""))
+    except (TypeError, ValueError):
+        return None
