@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -63,6 +64,60 @@ def inspect(
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
+
+
+@app.command()
+def prepare(
+    target: str = typer.Option(..., "--target", help="the target whose tokenizer and chat template render the data"),
+    data: list[str] = typer.Option(
+        ..., "--data", help="a .json/.jsonl/.parquet file, a folder of them, 'sharegpt' (built in) or a hub dataset; repeatable"
+    ),
+    out: Path = typer.Option(..., "--out", help="DATA_DIR to write"),
+    max_length: int = typer.Option(2048, help="longest sample in tokens"),
+    on_overflow: str = typer.Option("truncate", help="what to do with longer samples: truncate or drop"),
+    holdout: float = typer.Option(0.05, help="fraction held out for evaluation (chosen by a hash of the sample id)"),
+    draft_vocab_size: int = typer.Option(32000, help="draft vocabulary size Vd (identity when ≥ the target's vocabulary)"),
+    chat_template: Path | None = typer.Option(None, "--chat-template", help="a Jinja file overriding the target's template"),
+    limit: int | None = typer.Option(None, help="use only the first N usable conversations"),
+    regenerate: bool = typer.Option(False, "--regenerate", help="replace every assistant turn by the target's own answer"),
+    server: str | None = typer.Option(None, help="OpenAI-compatible server for --regenerate (e.g. http://127.0.0.1:8000/v1)"),
+    server_model: str | None = typer.Option(None, help="model name on the server (default: its first model)"),
+    temperature: float = typer.Option(0.0, help="regeneration sampling temperature (0 = greedy)"),
+    max_new_tokens: int = typer.Option(1024, help="longest regenerated answer"),
+    concurrency: int = typer.Option(16, help="parallel requests to the server"),
+    batch_size: int = typer.Option(8, help="prompts per batch when regenerating in-process"),
+    retries: int = typer.Option(3, help="retries per request (exponential backoff)"),
+    timeout: float = typer.Option(300.0, help="seconds per request"),
+    force: bool = typer.Option(False, "--force", help="prepare again even if DATA_DIR already holds the same result"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+) -> None:
+    """Turn conversations into DATA_DIR: token ids, assistant-only loss masks, train/holdout split, draft vocab.
+
+    Malformed records are skipped and counted (file and line); statistics are printed and saved in
+    DATA_DIR/manifest.json. With --regenerate the answers come from the target itself (in-process, or
+    through --server); a killed run resumes from DATA_DIR/regenerated.jsonl.
+    """
+    from eyas.data.prepare import AlreadyPrepared, PrepareOptions
+    from eyas.data.prepare import prepare as run_prepare
+    from eyas.data.regenerate import RegenerationOptions
+    from eyas.data.report import print_prepare_stats
+
+    regeneration = RegenerationOptions(
+        temperature=temperature, max_new_tokens=max_new_tokens, server=server, model=server_model,
+        concurrency=concurrency, batch_size=batch_size, retries=retries, timeout=timeout,
+    )
+    options = PrepareOptions(
+        target=target, data=data, out=out, max_length=max_length, overflow=on_overflow, holdout=holdout,
+        draft_vocab_size=draft_vocab_size, chat_template=chat_template, limit=limit, regenerate=regenerate,
+        regeneration=regeneration, force=force, trust_remote_code=trust_remote_code,
+    )
+    with _user_errors():
+        try:
+            stats = run_prepare(options)
+        except AlreadyPrepared as done:
+            console.print(f"[yellow]nothing to do:[/] {done}", soft_wrap=True)
+            return
+    print_prepare_stats(console, stats, out)
 
 
 @app.command()

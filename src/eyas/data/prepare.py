@@ -1,0 +1,269 @@
+"""``eyas prepare``: conversations → DATA_DIR (token ids, loss masks, split, draft vocabulary).
+
+Order of work: read every source (bad records become counted skips) → drop exact duplicates →
+optionally regenerate the assistant turns with the target → render with the chat template and
+mask the assistant tokens → apply the length policy → split train/holdout by a hash of the
+sample id → count masked tokens of the train split into the draft vocabulary → write the
+files atomically, ``manifest.json`` last (its presence means the directory is complete).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from eyas import __version__
+from eyas.data.conversation import Conversation, Skip
+from eyas.data.readers import read_source
+from eyas.data.regenerate import RegenerationOptions, make_generator, regenerate
+from eyas.data.render import ChatRenderer, RenderError
+from eyas.data.samples import Sample, write_samples
+from eyas.data.vocab import build_draft_vocab, count_masked_tokens, save_vocab
+from eyas.errors import EyasError
+from eyas.io import write_json_atomic
+from eyas.progress import progress_bar
+
+MANIFEST = "manifest.json"
+DATA_FORMAT = "eyas-data/1"
+
+
+@dataclass
+class PrepareOptions:
+    """Everything ``eyas prepare`` takes; defaults are the documented ones."""
+
+    target: str
+    data: list[str]
+    out: Path
+    max_length: int = 2048
+    overflow: str = "truncate"  # or "drop"
+    holdout: float = 0.05
+    draft_vocab_size: int = 32000
+    chat_template: Path | None = None
+    limit: int | None = None
+    regenerate: bool = False
+    regeneration: RegenerationOptions = field(default_factory=RegenerationOptions)
+    force: bool = False
+    trust_remote_code: bool = False
+
+
+@dataclass
+class PrepareStats:
+    """Counts for the manifest and the printed summary."""
+
+    records_read: int = 0
+    skipped: Counter = field(default_factory=Counter)  # reason → count (bad or unusable records)
+    skip_examples: list[str] = field(default_factory=list)  # "file:line reason: detail", first few
+    duplicates: int = 0
+    dropped: Counter = field(default_factory=Counter)  # reason → count (after rendering)
+    truncated: int = 0
+    train_samples: int = 0
+    holdout_samples: int = 0
+    tokens: int = 0
+    masked_tokens: int = 0
+    prefix_unstable: int = 0  # rendered through the character-offset fallback
+    regeneration: dict | None = None
+    seconds: float = 0.0
+
+
+def prepare(options: PrepareOptions) -> PrepareStats:
+    """Run the prepare stage; returns the statistics (also saved in the manifest)."""
+    from eyas.target.loading import load_target_config, load_tokenizer
+
+    _check_options(options)
+    started = time.perf_counter()
+    out = Path(options.out)
+    config, source = load_target_config(options.target, options.trust_remote_code)
+    tokenizer = load_tokenizer(source, options.trust_remote_code)
+    if tokenizer is None:
+        raise EyasError(f"target {options.target!r} ships no tokenizer at {source}; prepare needs one")
+    template = options.chat_template.read_text(encoding="utf-8") if options.chat_template else None
+    renderer = ChatRenderer(tokenizer, template)
+    fingerprint = _fingerprint(options, tokenizer, renderer.template)
+    if not options.force and _already_prepared(out, fingerprint):
+        raise AlreadyPrepared(out)
+
+    stats = PrepareStats()
+    conversations = _read_all(options, stats)
+    if options.regenerate:
+        out.mkdir(parents=True, exist_ok=True)
+        generator = make_generator(options.regeneration, options.target)
+        conversations, regen = regenerate(conversations, out / "regenerated.jsonl", generator, options.regeneration)
+        stats.regeneration = asdict(regen)
+    samples = _render_all(conversations, renderer, options, stats)
+    train, holdout = _split(samples, options.holdout)
+    stats.train_samples, stats.holdout_samples = len(train), len(holdout)
+    if not train:
+        raise EyasError(_nothing_left(stats))
+
+    vocab_size = max(_target_vocab_size(config), len(tokenizer))
+    counts = count_masked_tokens(((s.input_ids, s.loss_mask) for s in train), vocab_size)
+    vocab = build_draft_vocab(counts, options.draft_vocab_size)
+    write_samples(train, out / "train.parquet")
+    write_samples(holdout, out / "holdout.parquet")
+    save_vocab(vocab, out / "vocab.safetensors")
+    stats.seconds = time.perf_counter() - started
+    write_json_atomic(out / MANIFEST, _manifest(options, fingerprint, stats, vocab_size, len(vocab.d2t)))
+    return stats
+
+
+class AlreadyPrepared(EyasError):
+    """DATA_DIR already holds a complete run with the same inputs and options."""
+
+    def __init__(self, out: Path):
+        super().__init__(f"{out} already holds this prepared data (same sources, tokenizer, template and options); "
+                         "pass --force to prepare it again")
+
+
+def _check_options(options: PrepareOptions) -> None:
+    if options.overflow not in ("truncate", "drop"):
+        raise EyasError(f"--on-overflow must be 'truncate' or 'drop', not {options.overflow!r}")
+    if not 0 <= options.holdout < 1:
+        raise EyasError(f"--holdout is a fraction in [0, 1), got {options.holdout}")
+    if options.max_length < 2 or options.draft_vocab_size < 1:
+        raise EyasError("--max-length must be ≥ 2 and --draft-vocab-size ≥ 1")
+    if not options.data:
+        raise EyasError("give at least one --data source (a file, a folder, 'sharegpt' or a hub dataset)")
+
+
+def _read_all(options: PrepareOptions, stats: PrepareStats) -> list[Conversation]:
+    seen_content: set[str] = set()
+    seen_ids: Counter = Counter()
+    kept: list[Conversation] = []
+    for spec in options.data:
+        for record in read_source(spec):
+            stats.records_read += 1
+            if not isinstance(record, Skip) and not options.regenerate:
+                record = _trainable_as_is(record)
+            if isinstance(record, Skip):
+                stats.skipped[record.reason] += 1
+                if len(stats.skip_examples) < 20:
+                    stats.skip_examples.append(f"{record.origin} {record.reason}" + (f": {record.detail}" if record.detail else ""))
+                continue
+            digest = hashlib.sha256(json.dumps(record.messages(), ensure_ascii=False).encode()).hexdigest()
+            if digest in seen_content:
+                stats.duplicates += 1
+                continue
+            seen_content.add(digest)
+            seen_ids[record.id] += 1
+            if seen_ids[record.id] > 1:  # same id, other content (two sources): keep both, distinctly
+                record.id = f"{record.id}#{seen_ids[record.id]}"
+            kept.append(record)
+            if options.limit is not None and len(kept) >= options.limit:
+                return kept
+    return kept
+
+
+def _nothing_left(stats: PrepareStats) -> str:
+    reasons = {**{f"skipped, {k}": v for k, v in stats.skipped.items()}, **{f"dropped, {k}": v for k, v in stats.dropped.items()}}
+    if stats.duplicates:
+        reasons["duplicates"] = stats.duplicates
+    listed = "; ".join(f"{k.split(', ', 1)[1]}: {v}" for k, v in reasons.items()) or "no records at all"
+    hint = " (prompt-only data needs --regenerate)" if stats.skipped.get("prompt-only record") else ""
+    examples = "".join(f"\n  {e}" for e in stats.skip_examples[:5])
+    return f"no training samples left from {stats.records_read} records read — {listed}{hint}{examples}"
+
+
+def _trainable_as_is(conversation: Conversation) -> Conversation | Skip:
+    """Without regeneration: records with no answer are unusable; a trailing unanswered user turn is dropped."""
+    if not any(t.role == "assistant" and t.content for t in conversation.turns):
+        return Skip(conversation.origin, "prompt-only record", "no assistant answer; --regenerate can write them")
+    while conversation.turns[-1].role != "assistant":
+        conversation.turns.pop()
+    return conversation
+
+
+def _render_all(conversations: list[Conversation], renderer: ChatRenderer, options, stats) -> list[Sample]:
+    samples: list[Sample] = []
+    with progress_bar("tokenizing", total=len(conversations), unit="conv") as advance:
+        for conversation in conversations:
+            advance(1)
+            try:
+                rendered = renderer.render(conversation)
+            except RenderError as err:
+                stats.dropped["template error"] += 1
+                if len(stats.skip_examples) < 20:
+                    stats.skip_examples.append(f"{conversation.origin} template error: {err}")
+                continue
+            ids, mask = rendered.input_ids, rendered.loss_mask
+            if len(ids) > options.max_length:
+                if options.overflow == "drop":
+                    stats.dropped["longer than max length"] += 1
+                    continue
+                ids, mask = ids[: options.max_length], mask[: options.max_length]
+                stats.truncated += 1
+            if not any(mask):
+                stats.dropped["no assistant token within max length"] += 1
+                continue
+            stats.prefix_unstable += not rendered.prefix_stable
+            stats.tokens += len(ids)
+            stats.masked_tokens += sum(mask)
+            samples.append(Sample(conversation.id, np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)))
+    return samples
+
+
+def _split(samples: list[Sample], fraction: float) -> tuple[list[Sample], list[Sample]]:
+    """Deterministic: a sample is held out when the hash of its id falls below ``fraction``."""
+    train, holdout = [], []
+    for sample in samples:
+        bucket = int.from_bytes(hashlib.sha256(sample.id.encode()).digest()[:8], "big") / 2**64
+        (holdout if bucket < fraction else train).append(sample)
+    return train, holdout
+
+
+def _target_vocab_size(config) -> int:
+    from eyas.target.layout import text_config
+
+    return int(getattr(text_config(config), "vocab_size", 0) or 0)
+
+
+def _fingerprint(options: PrepareOptions, tokenizer, template: str) -> dict:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    vocab_text = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    return {
+        "sources": list(options.data),
+        "tokenizer_sha256": hashlib.sha256(vocab_text.encode()).hexdigest(),
+        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+        "options": {
+            "max_length": options.max_length,
+            "overflow": options.overflow,
+            "holdout": options.holdout,
+            "draft_vocab_size": options.draft_vocab_size,
+            "limit": options.limit,
+            "regenerate": options.regenerate,
+            "regeneration": asdict(options.regeneration) if options.regenerate else None,
+        },
+    }
+
+
+def _already_prepared(out: Path, fingerprint: dict) -> bool:
+    manifest = out / MANIFEST
+    if not manifest.is_file():
+        return False
+    try:
+        old = json.loads(manifest.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return {k: old.get(k) for k in fingerprint} == fingerprint
+
+
+def _manifest(options: PrepareOptions, fingerprint: dict, stats: PrepareStats, vocab_size: int, draft_vocab: int) -> dict:
+    stats_dict = asdict(stats)
+    stats_dict["skipped"] = dict(stats.skipped)
+    stats_dict["dropped"] = dict(stats.dropped)
+    return {
+        "format": DATA_FORMAT,
+        "eyas_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "target": options.target,
+        **fingerprint,
+        "vocab_size": vocab_size,
+        "draft_vocab_size": draft_vocab,
+        "files": {"train": "train.parquet", "holdout": "holdout.parquet", "vocab": "vocab.safetensors"},
+        "stats": stats_dict,
+    }

@@ -1,0 +1,48 @@
+"""Training samples on disk: Parquet with ``id`` (string), ``input_ids`` (int32 list), ``loss_mask`` (uint8 list)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eyas.io import atomic_path
+
+SCHEMA = pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))])
+
+
+@dataclass
+class Sample:
+    """One rendered conversation: token ids and its 0/1 assistant loss mask."""
+
+    id: str
+    input_ids: np.ndarray  # int32 [T]
+    loss_mask: np.ndarray  # uint8 [T]
+
+
+def write_samples(samples: list[Sample], path: Path) -> None:
+    """Write samples to a Parquet file atomically (zstd-compressed)."""
+    table = pa.table(
+        {
+            "id": [s.id for s in samples],
+            "input_ids": [s.input_ids for s in samples],
+            "loss_mask": [s.loss_mask for s in samples],
+        },
+        schema=SCHEMA,
+    )
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def read_samples(path: Path) -> list[Sample]:
+    """Read every sample of a Parquet file written by :func:`write_samples`."""
+    table = pq.read_table(path, schema=SCHEMA)
+    ids = table.column("id").to_pylist()
+    tokens = table.column("input_ids").to_pylist()
+    masks = table.column("loss_mask").to_pylist()
+    return [
+        Sample(i, np.asarray(t, dtype=np.int32), np.asarray(m, dtype=np.uint8)) for i, t, m in zip(ids, tokens, masks, strict=True)
+    ]

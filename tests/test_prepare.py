@@ -1,0 +1,118 @@
+"""`eyas prepare` end to end: DATA_DIR files, split, duplicates, length policy, rerun, regeneration."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from eyas.cli import app
+from eyas.data.prepare import AlreadyPrepared, PrepareOptions, prepare
+from eyas.data.regenerate import RegenerationOptions
+from eyas.data.samples import read_samples
+from eyas.errors import EyasError
+from eyas.target.loading import load_tokenizer, resolve_target
+
+
+def write_dataset(path, n=40):
+    rows = []
+    for i in range(n):
+        rows.append({"id": f"c{i}", "conversations": [
+            {"from": "human", "value": f"Question number {i}: what is {i} plus {i}?"},
+            {"from": "gpt", "value": f"The answer is {2 * i}."},
+            {"from": "human", "value": "Thanks! And doubled?"},
+            {"from": "gpt", "value": f"Doubled, it is {4 * i}."},
+        ]})
+    rows.append(dict(rows[0], id="dup"))  # same content as c0
+    rows.append({"id": "bad", "conversations": [{"from": "alien", "value": "?"}]})
+    rows.append({"id": "long", "conversations": [{"from": "human", "value": "word " * 400}, {"from": "gpt", "value": "ok"}]})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_prepare_writes_a_complete_data_dir(tmp_path):
+    source = write_dataset(tmp_path / "chats.jsonl")
+    out = tmp_path / "data"
+    stats = prepare(PrepareOptions(target="demo", data=[str(source)], out=out, holdout=0.25, draft_vocab_size=300, max_length=128))
+    assert stats.records_read == 43
+    assert stats.skipped == {"unknown role": 1} and stats.duplicates == 1
+    assert stats.dropped == {"no assistant token within max length": 1}  # the long one: its answer is cut off
+    train, holdout = read_samples(out / "train.parquet"), read_samples(out / "holdout.parquet")
+    assert len(train) + len(holdout) == 40 == stats.train_samples + stats.holdout_samples
+    assert 0 < len(holdout) < 20
+    assert {s.id for s in train}.isdisjoint({s.id for s in holdout})
+    tok = load_tokenizer(resolve_target("demo"))
+    sample = next(s for s in train + holdout if s.id == "c7")
+    assert sample.input_ids.dtype.name == "int32" and sample.loss_mask.dtype.name == "uint8"
+    masked = tok.decode(sample.input_ids[sample.loss_mask.astype(bool)])
+    assert masked == "The answer is 14.<|im_end|>Doubled, it is 28.<|im_end|>"
+    vocab = load_file(str(out / "vocab.safetensors"))
+    assert int(vocab["t2d"].sum()) == 300 and vocab["d2t"].shape == (300,) and vocab["counts"].shape == (49152,)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert bool(vocab["t2d"][im_end]) and int(vocab["counts"][im_end]) == 2 * len(train)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stats"]["masked_tokens"] == stats.masked_tokens > 0
+    assert manifest["options"]["max_length"] == 128 and manifest["vocab_size"] == 49152
+    assert len(manifest["tokenizer_sha256"]) == 64 and len(manifest["chat_template_sha256"]) == 64
+
+    # Same inputs again: nothing to do; the split is deterministic when forced.
+    with pytest.raises(AlreadyPrepared):
+        prepare(PrepareOptions(target="demo", data=[str(source)], out=out, holdout=0.25, draft_vocab_size=300, max_length=128))
+    prepare(PrepareOptions(target="demo", data=[str(source)], out=out, holdout=0.25, draft_vocab_size=300, max_length=128,
+                           force=True))
+    assert [s.id for s in read_samples(out / "holdout.parquet")] == [s.id for s in holdout]
+
+
+def test_length_policy_drop_and_truncate(tmp_path):
+    source = write_dataset(tmp_path / "chats.jsonl", n=5)
+    drop = prepare(PrepareOptions(target="demo", data=[str(source)], out=tmp_path / "a", max_length=200, overflow="drop", holdout=0))
+    assert drop.dropped == {"longer than max length": 1} and drop.train_samples == 5 and drop.truncated == 0
+    trunc = prepare(PrepareOptions(target="demo", data=[str(source)], out=tmp_path / "b", max_length=60, holdout=0))
+    assert trunc.truncated == 6 and trunc.dropped == {"no assistant token within max length": 1}
+    assert trunc.train_samples == 5
+    assert all(len(s.input_ids) == 60 for s in read_samples(tmp_path / "b" / "train.parquet"))
+
+
+def test_limit_and_prompt_only_records_need_regeneration(tmp_path):
+    source = write_dataset(tmp_path / "chats.jsonl")
+    stats = prepare(PrepareOptions(target="demo", data=[str(source)], out=tmp_path / "l", limit=7, holdout=0))
+    assert stats.train_samples == 7
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hello"}) + "\n" + json.dumps({"turns": ["a", "b"]}) + "\n")
+    with pytest.raises(EyasError, match=r"no training samples(.|\n)*prompt-only record: 2"):
+        prepare(PrepareOptions(target="demo", data=[str(prompts)], out=tmp_path / "p"))
+    runner = CliRunner()
+    result = runner.invoke(app, ["prepare", "--target", "demo", "--data", str(prompts), "--out", str(tmp_path / "q")])
+    assert result.exit_code == 2 and "prompt-only data needs --regenerate" in result.output
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    """A 2-layer random Llama with the demo tokenizer: a real target directory, fast to run."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = tmp_path_factory.mktemp("tiny-target")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=2, bos_token_id=1)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    load_tokenizer(resolve_target("demo")).save_pretrained(directory)
+    return directory
+
+
+def test_prepare_with_in_process_regeneration(tmp_path, tiny_target):
+    source = write_dataset(tmp_path / "chats.jsonl", n=4)
+    out = tmp_path / "regen"
+    options = RegenerationOptions(max_new_tokens=6, batch_size=4)
+    stats = prepare(PrepareOptions(target=str(tiny_target), data=[str(source)], out=out, holdout=0, regenerate=True,
+                                   regeneration=options))
+    assert stats.regeneration["conversations_done"] == 5  # 4 + the long one (dup and bad are gone before)
+    journal = [json.loads(line) for line in (out / "regenerated.jsonl").read_text().splitlines()]
+    assert len(journal) == 5
+    for conversation in journal:
+        for turn in conversation["turns"]:
+            assert turn["regenerated"] == (turn["role"] == "assistant")
+            if turn["role"] == "assistant":
+                assert "The answer is" not in turn["content"]  # the dataset's answer was replaced
+    assert stats.train_samples >= 4
