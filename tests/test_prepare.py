@@ -116,3 +116,20 @@ def test_prepare_with_in_process_regeneration(tmp_path, tiny_target):
             if turn["role"] == "assistant":
                 assert "The answer is" not in turn["content"]  # the dataset's answer was replaced
     assert stats.train_samples >= 4
+
+
+def test_regeneration_skips_turns_that_start_beyond_max_length(tmp_path, tiny_target):
+    rows = [{"id": "x", "conversations": [
+        {"from": "human", "value": "short question"}, {"from": "gpt", "value": "short answer"},
+        {"from": "human", "value": "word " * 300}, {"from": "gpt", "value": "answer to a very long question"},
+        {"from": "human", "value": "late question"}, {"from": "gpt", "value": "late answer"},
+    ]}, {"id": "y", "conversations": [{"from": "human", "value": "word " * 300}, {"from": "gpt", "value": "no"}]}]
+    source = tmp_path / "long.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "o"
+    stats = prepare(PrepareOptions(target=str(tiny_target), data=[str(source)], out=out, holdout=0, max_length=120,
+                                   regenerate=True, regeneration=RegenerationOptions(max_new_tokens=4)))
+    journal = [json.loads(line) for line in (out / "regenerated.jsonl").read_text().splitlines()]
+    assert [c["id"] for c in journal] == ["x"]
+    assert [t["role"] for t in journal[0]["turns"]] == ["user", "assistant"]  # turns 3+ would start past 120 tokens
+    assert stats.clipped_for_length == 1 and stats.dropped["first prompt longer than max length"] == 1

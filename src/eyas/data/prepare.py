@@ -67,6 +67,7 @@ class PrepareStats:
     tokens: int = 0
     masked_tokens: int = 0
     prefix_unstable: int = 0  # rendered through the character-offset fallback
+    clipped_for_length: int = 0  # conversations whose late turns were not regenerated (beyond max length)
     regeneration: dict | None = None
     seconds: float = 0.0
 
@@ -91,6 +92,7 @@ def prepare(options: PrepareOptions) -> PrepareStats:
     stats = PrepareStats()
     conversations = _read_all(options, stats)
     if options.regenerate:
+        conversations = _clip_for_regeneration(conversations, renderer, options.max_length, stats)
         out.mkdir(parents=True, exist_ok=True)
         generator = make_generator(options.regeneration, options.target)
         conversations, regen = regenerate(conversations, out / "regenerated.jsonl", generator, options.regeneration)
@@ -176,6 +178,38 @@ def _trainable_as_is(conversation: Conversation) -> Conversation | Skip:
     while conversation.turns[-1].role != "assistant":
         conversation.turns.pop()
     return conversation
+
+
+def _clip_for_regeneration(conversations, renderer: ChatRenderer, max_length: int, stats) -> list[Conversation]:
+    """Drop the turns whose answer would start beyond --max-length: they would be cut off anyway,
+    and generating them costs the most (the longest prompts) and can overflow the server's context."""
+    kept = []
+    for conversation in conversations:
+        turns = conversation.turns
+        answer_positions = [i for i, t in enumerate(turns) if t.role == "assistant"]
+        if turns[-1].role == "user":
+            answer_positions.append(len(turns))  # regeneration answers a final user turn too
+        try:
+            turns = _turns_within(conversation, answer_positions, renderer, max_length)
+        except RenderError:
+            stats.dropped["template error"] += 1
+            continue
+        if not any(t.role == "user" for t in turns):
+            stats.dropped["first prompt longer than max length"] += 1
+            continue
+        stats.clipped_for_length += len(turns) < len(conversation.turns)
+        conversation.turns = turns
+        kept.append(conversation)
+    return kept
+
+
+def _turns_within(conversation: Conversation, answer_positions: list[int], renderer: ChatRenderer, max_length: int):
+    messages = conversation.messages()
+    for i in answer_positions:
+        prompt = renderer.text(messages[:i], generation_prompt=True)
+        if len(renderer.tokenizer(prompt, add_special_tokens=False)["input_ids"]) >= max_length - 1:
+            return conversation.turns[: max(0, i - 1)]  # also drop the user turn that asked for it
+    return conversation.turns
 
 
 def _render_all(conversations: list[Conversation], renderer: ChatRenderer, options, stats) -> list[Sample]:

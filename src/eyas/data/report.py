@@ -24,6 +24,8 @@ def print_prepare_stats(console: Console, stats: PrepareStats, out: Path) -> Non
             f"{regen['conversations_done']:,} new, {regen['conversations_resumed']:,} resumed, "
             f"{regen['conversations_failed']:,} failed, {regen['answers_truncated']:,} answers cut at max-new-tokens",
         )
+    if stats.clipped_for_length:
+        table.add_row("  turns past max length not regenerated", f"in {stats.clipped_for_length:,} conversations")
     for reason, count in sorted(stats.dropped.items()):
         table.add_row(f"  dropped: {reason}", f"{count:,}")
     table.add_row("  truncated to max length", f"{stats.truncated:,}")
