@@ -7,10 +7,11 @@ from eyas.cli import app
 
 
 @pytest.mark.slow
-def test_demo_captures_verifies_and_lists_missing_stages():
-    result = CliRunner().invoke(app, ["demo"], terminal_width=200)
+def test_demo_captures_verifies_prepares_and_lists_missing_stages(tmp_path):
+    result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path)], terminal_width=200)
     assert result.exit_code == 0, result.output
     out = result.output
     assert "aux [1, " in out and ", 1728] at layer ids [2, 15, 27]" in out
     assert "layer 2: 0, layer 15: 0, layer 27: 0, final: 0 → identical" in out
     assert "not built yet" in out and "eyas train" in out
+    assert (tmp_path / "data" / "manifest.json").is_file() and "samples (train / holdout)" in out

@@ -121,12 +121,14 @@ def prepare(
 
 
 @app.command()
-def demo() -> None:
+def demo(
+    out: Path = typer.Option(Path("eyas-demo"), "--out", help="where the demo writes its stage directories"),
+) -> None:
     """Run every built stage of the pipeline on the demo target, offline, and say what is not built yet."""
     from eyas.demo import run_demo
 
     with _user_errors():
-        run_demo(console)
+        run_demo(console, out)
 
 
 class _user_errors:

