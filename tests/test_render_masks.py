@@ -99,3 +99,11 @@ def test_mistral_style_template_uses_the_offset_fallback(demo_tokenizer_dir):
     assert not ChatRenderer(tok, template).render(CONVERSATIONS[0]).prefix_stable
     tok, template = family_tokenizer(demo_tokenizer_dir, "llama3")
     assert ChatRenderer(tok, template).render(CONVERSATIONS[0]).prefix_stable
+
+
+def test_an_answer_cut_at_the_generation_limit_does_not_teach_its_end_of_turn(demo_tokenizer_dir):
+    tok, template = family_tokenizer(demo_tokenizer_dir, "chatml_smollm2")
+    conversation = Conversation("cut", [Turn("user", "Count to ten."),
+                                        Turn("assistant", "one two three", regenerated=True, truncated=True)])
+    rendered = ChatRenderer(tok, template).render(conversation)
+    assert masked_spans(tok, rendered.input_ids, rendered.loss_mask) == ["one two three"]

@@ -9,11 +9,13 @@ ROLES = ("system", "user", "assistant")
 
 @dataclass
 class Turn:
-    """One message; ``regenerated`` marks an assistant turn written by the target itself."""
+    """One message; ``regenerated`` marks an assistant turn written by the target itself, ``truncated``
+    one whose generation stopped at the token limit (so its end-of-turn token is not the model's)."""
 
     role: str  # one of ROLES
     content: str
     regenerated: bool = False
+    truncated: bool = False
 
 
 @dataclass
@@ -37,13 +39,19 @@ class Conversation:
         return {
             "id": self.id,
             "origin": self.origin,
-            "turns": [{"role": t.role, "content": t.content, "regenerated": t.regenerated} for t in self.turns],
+            "turns": [
+                {"role": t.role, "content": t.content, "regenerated": t.regenerated, "truncated": t.truncated}
+                for t in self.turns
+            ],
         }
 
     @classmethod
     def from_json(cls, data: dict) -> Conversation:
         """Inverse of :meth:`to_json`."""
-        turns = [Turn(t["role"], t["content"], bool(t.get("regenerated", False))) for t in data["turns"]]
+        turns = [
+            Turn(t["role"], t["content"], bool(t.get("regenerated", False)), bool(t.get("truncated", False)))
+            for t in data["turns"]
+        ]
         return cls(id=data["id"], turns=turns, origin=data.get("origin", ""))
 
 

@@ -141,7 +141,7 @@ class _Work:
         return [{"role": t.role, "content": t.content} for t in self.turns[:self.slots[depth]]]
 
     def fill(self, depth: int, answer: Answer) -> None:
-        turn = Turn("assistant", answer.text, regenerated=True)
+        turn = Turn("assistant", answer.text, regenerated=True, truncated=answer.truncated)
         slot = self.slots[depth]
         if slot == len(self.turns):
             self.turns.append(turn)

@@ -72,14 +72,18 @@ class ChatRenderer:
         ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
         mask = [0] * len(ids)
         token = 0
-        for start, end, turn_end in spans:
+        # An answer cut at the generation limit did not end there: its end-of-turn token is the
+        # template's, not the model's, so it is not taught.
+        cut = [t.truncated for t in conversation.turns if t.role == "assistant"]
+        for (start, end, turn_end), truncated in zip(spans, cut, strict=True):
             while token < len(ids) and offsets[token][1] <= start:
                 token += 1
             while token < len(ids) and offsets[token][0] < end:
                 if offsets[token][1] > offsets[token][0]:  # skip zero-width artefacts
                     mask[token] = 1
                 token += 1
-            self._mark_end_of_turn(ids, offsets, mask, token, turn_end)
+            if not truncated:
+                self._mark_end_of_turn(ids, offsets, mask, token, turn_end)
         return Rendered(input_ids=list(ids), loss_mask=mask, prefix_stable=stable)
 
     def _mark_end_of_turn(self, ids, offsets, mask, token: int, turn_end: int | None) -> None:
