@@ -14,7 +14,6 @@ from rich.console import Console
 
 from eyas.data.prepare import AlreadyPrepared, PrepareOptions, prepare
 from eyas.data.report import print_prepare_stats
-
 from eyas.target import capture_hidden_states, load_target
 from eyas.target.verify import max_abs_diff_vs_hf
 

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
