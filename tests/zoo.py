@@ -195,3 +195,32 @@ ARCHITECTURES = {
     "llava": (llava, "model.language_model.layers"),
     "kimi_style": (kimi_style, "language_model.model.layers"),
 }
+
+
+def save_tiny_target(directory) -> str:
+    """A tiny Llama saved as an HF directory (a real target spec for stage commands)."""
+    llama().save_pretrained(directory)
+    return str(directory)
+
+
+def write_data_dir(directory, sizes=(("train", 24), ("holdout", 4)), seed: int = 0) -> str:
+    """A DATA_DIR with random token ids (as `eyas prepare` would write), lengths 5..60."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from eyas.data.samples import Sample, write_samples
+
+    directory = Path(directory)
+    rng = np.random.default_rng(seed)
+    for split, count in sizes:
+        samples = []
+        for i in range(count):
+            length = int(rng.integers(5, 61))
+            ids = rng.integers(1, VOCAB, size=length).astype(np.int32)
+            mask = (rng.random(length) < 0.6).astype(np.uint8)
+            samples.append(Sample(f"{split}-{i}", ids, mask))
+        write_samples(samples, directory / f"{split}.parquet")
+    (directory / "manifest.json").write_text(json.dumps({"format": "eyas-data/1", "seed": seed}))
+    return str(directory)

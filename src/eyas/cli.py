@@ -121,6 +121,54 @@ def prepare(
 
 
 @app.command()
+def capture(
+    target: str | None = typer.Option(None, "--target", help="the target whose hidden states are captured"),
+    data: Path | None = typer.Option(None, "--data", help="DATA_DIR written by eyas prepare"),
+    out: Path | None = typer.Option(None, "--out", help="FEATURES_DIR to write (resumable: rerun the same command)"),
+    dtype: str = typer.Option("bf16", help="storage precision: bf16, fp16, fp32, or fp8 (e4m3 + per-token scale, half of bf16)"),
+    layer_ids: str | None = typer.Option(None, "--layer-ids", help="eyas layer ids, e.g. 2,15,27 (default: 2, N//2, N-3)"),
+    splits: str = typer.Option("train,holdout", help="which DATA_DIR splits to capture"),
+    token_budget: int = typer.Option(16384, help="tokens per forward batch, padding included"),
+    max_batch: int = typer.Option(64, help="most sequences per forward batch"),
+    shard_mb: int = typer.Option(1024, help="approximate shard size in MiB"),
+    max_gb: float | None = typer.Option(None, "--max-gb", help="cap the store size: samples beyond it are left out"),
+    force: bool = typer.Option(False, "--force", help="discard an existing store / ignore the free-space check"),
+    engine: str = typer.Option("hf", help="hf (in-process transformers) or vllm (vLLM's extract_hidden_states)"),
+    vllm_python: str | None = typer.Option(None, "--vllm-python", help="python of the vLLM environment (engine vllm)"),
+    check: Path | None = typer.Option(None, "--check", help="verify FEATURES_DIR (checksums, counts, re-capture a few samples)"),
+    check_samples: int = typer.Option(4, help="samples --check re-captures with the live target"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+) -> None:
+    """Capture the target's hidden states for DATA_DIR into FEATURES_DIR (sharded safetensors).
+
+    Estimates the bytes first and refuses when the disk is short. Killed at any moment, the same
+    command resumes; under `torchrun --nproc-per-node N eyas capture ...` each rank captures its
+    share of the shards (NCCL on GPUs, gloo on CPU) and rank 0 writes the manifest.
+    """
+    from eyas.target.layer_ids import parse_layer_ids
+
+    with _user_errors():
+        if check is not None:
+            from eyas.store.check import check_store, print_check
+
+            print_check(console, check_store(check, target=target, samples=check_samples, trust_remote_code=trust_remote_code))
+            return
+        if not (target and data and out):
+            raise EyasError("eyas capture needs --target, --data and --out (or --check FEATURES_DIR)")
+        from eyas.store.capture_stage import CaptureOptions, describe
+        from eyas.store.capture_stage import capture as run_capture
+
+        options = CaptureOptions(
+            target=target, data=data, out=out, dtype=dtype, layer_ids=parse_layer_ids(layer_ids) if layer_ids else None,
+            splits=tuple(s.strip() for s in splits.split(",") if s.strip()), token_budget=token_budget, max_batch=max_batch,
+            shard_mb=shard_mb, max_gb=max_gb, force=force, engine=engine, vllm_python=vllm_python,
+            trust_remote_code=trust_remote_code,
+        )
+        report = run_capture(options)
+    console.print(describe(report), soft_wrap=True, highlight=False)
+
+
+@app.command()
 def demo(
     out: Path = typer.Option(Path("eyas-demo"), "--out", help="where the demo writes its stage directories"),
 ) -> None:

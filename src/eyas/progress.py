@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -19,26 +19,35 @@ from rich.progress import (
 _stderr = Console(stderr=True)
 
 
+class _Bar:
+    """Handle of a running bar: call it to advance, ``note()`` to show extra text (e.g. bytes written)."""
+
+    def __init__(self, progress: Progress, task, unit: str):
+        self._progress, self._task, self._unit = progress, task, unit
+
+    def __call__(self, n: int = 1) -> None:
+        self._progress.advance(self._task, n)
+        speed = self._progress.tasks[self._task].speed
+        if speed:
+            self._progress.update(self._task, rate=f"{speed:,.1f} {self._unit}/s")
+
+    def note(self, text: str) -> None:
+        self._progress.update(self._task, note=text)
+
+
 @contextmanager
-def progress_bar(description: str, total: int | None, unit: str = "it") -> Iterator[Callable[[int], None]]:
-    """A bar for ``total`` items; yields ``advance(n)``. Rates are shown in ``unit``/s."""
+def progress_bar(description: str, total: int | None, unit: str = "it") -> Iterator[_Bar]:
+    """A bar for ``total`` items on stderr (when it is a terminal); yields a handle that advances it."""
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TaskProgressColumn(),
         TextColumn("[cyan]{task.fields[rate]}"),
+        TextColumn("{task.fields[note]}"),
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=_stderr, transient=False, disable=not _stderr.is_terminal) as progress:
-        task = progress.add_task(description, total=total, rate="")
-
-        def advance(n: int = 1) -> None:
-            progress.advance(task, n)
-            speed = progress.tasks[task].speed
-            if speed:
-                progress.update(task, rate=f"{speed:,.1f} {unit}/s")
-
-        yield advance
+        yield _Bar(progress, progress.add_task(description, total=total, rate="", note=""), unit)

@@ -1,0 +1,296 @@
+"""``eyas capture``: DATA_DIR → FEATURES_DIR, resumable, data-parallel under torchrun.
+
+Work is planned up front (:mod:`eyas.store.plan`): shards of length-sorted, token-budget batches.
+Shard ``i`` belongs to rank ``i % world_size``. Each finished shard is renamed into place and
+recorded in its rank's partial manifest (``manifest.rank{r}.json``, replaced atomically); at the
+end rank 0 merges them into ``manifest.json`` with ``complete: true``. A rerun — after a crash,
+a kill -9, or with another number of ranks — skips every shard already recorded and recomputes
+the rest exactly as planned, so the result is identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eyas.data.samples import read_samples
+from eyas.errors import EyasError
+from eyas.progress import progress_bar
+from eyas.store.plan import ShardPlan, plan_shards
+from eyas.store.shards import DTYPES, ShardRecord, StoreManifest, bytes_per_token, shard_name, write_shard
+from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class CaptureOptions:
+    """Everything ``eyas capture`` takes; defaults are the documented ones."""
+
+    target: str
+    data: Path
+    out: Path
+    dtype: str = "bf16"
+    layer_ids: tuple[int, ...] | None = None
+    splits: tuple[str, ...] = ("train", "holdout")
+    token_budget: int = 16384
+    max_batch: int = 64
+    shard_mb: int = 1024
+    max_gb: float | None = None
+    force: bool = False
+    engine: str = "hf"
+    vllm_python: str | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class CaptureReport:
+    """What this process did (rank-local counts) and what the store holds."""
+
+    rank: int = 0
+    world_size: int = 1
+    shards_written: int = 0
+    shards_skipped: int = 0
+    samples_written: int = 0
+    tokens_written: int = 0
+    bytes_written: int = 0
+    estimated_bytes: int = 0
+    samples_capped: int = 0  # left out by --max-gb
+    already_complete: bool = False
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def capture(options: CaptureOptions) -> CaptureReport:
+    """Run the capture stage in this process (one rank of ``WORLD_SIZE``)."""
+    import time
+
+    from eyas.target.loading import load_target_config
+
+    started = time.perf_counter()
+    if options.dtype not in DTYPES:
+        raise EyasError(f"--dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
+    if options.engine not in ("hf", "vllm"):
+        raise EyasError(f"--engine must be 'hf' or 'vllm', not {options.engine!r}")
+    rank, world, device = _init_distributed()
+    report = CaptureReport(rank=rank, world_size=world)
+    out = Path(options.out)
+    config, source = load_target_config(options.target, options.trust_remote_code)
+    from eyas.target.layout import text_config
+
+    tconfig = text_config(config)
+    num_layers, hidden = int(tconfig.num_hidden_layers), int(tconfig.hidden_size)
+    layer_ids = validate_layer_ids(options.layer_ids or default_layer_ids(num_layers), num_layers)
+    samples = _load_samples(Path(options.data), options.splits)
+    manifest = StoreManifest(
+        target={"spec": options.target, "source": source, "config_sha256": _sha(config.to_json_string()),
+                "architecture": (config.architectures or ["?"])[0], "num_layers": num_layers, "hidden_size": hidden},
+        data={"path": str(Path(options.data).resolve()), "manifest_sha256": _sha((Path(options.data) / "manifest.json").read_text())},
+        layer_ids=list(layer_ids),
+        layer_id_convention="eyas/vLLM: id L = residual stream entering decoder layer L (HF hidden_states[L])",
+        dtype=options.dtype,
+        options={"token_budget": options.token_budget, "max_batch": options.max_batch, "shard_mb": options.shard_mb,
+                 "splits": list(options.splits), "max_gb": options.max_gb, "engine": options.engine},
+    )
+    done = _resume_state(out, manifest, options.force, rank)
+    if done is None:
+        report.already_complete = True
+        return report
+
+    per_token = bytes_per_token(hidden, len(layer_ids), options.dtype)
+    samples, report.samples_capped = _cap(samples, options.max_gb, per_token)
+    shard_tokens = max(1, options.shard_mb * 2**20 // per_token)
+    plans = {split: plan_shards([len(s.input_ids) for s in rows], options.token_budget, options.max_batch, shard_tokens)
+             for split, rows in samples.items()}
+    todo = [(split, plan) for split, split_plans in plans.items() for plan in split_plans
+            if plan.index % world == rank and shard_name(split, plan.index) not in done]
+    report.shards_skipped = sum(1 for split, p in plans.items() for plan in p if plan.index % world == rank) - len(todo)
+    todo_tokens = sum(len(samples[split][i].input_ids) for split, plan in todo for i in plan.samples)
+    report.estimated_bytes = todo_tokens * per_token
+    _check_disk(out, report.estimated_bytes, options.force, rank)
+
+    states = _state_source(options, source, layer_ids, device, num_layers, todo, samples)
+    records = list(done.values())
+    with progress_bar(f"capture (rank {rank}/{world})" if world > 1 else "capture", total=todo_tokens, unit="tok") as bar:
+        for split, plan in todo:
+            rows = [samples[split][i] for i in plan.samples]
+            packed = []
+            for sample, (aux, final) in zip(rows, states(split, plan), strict=True):
+                packed.append({"input_ids": torch.from_numpy(sample.input_ids), "loss_mask": torch.from_numpy(sample.loss_mask),
+                               "aux": aux, "final": final})
+                bar(len(sample.input_ids))
+            name = shard_name(split, plan.index)
+            size, digest = write_shard(out / name, packed, options.dtype, len(layer_ids))
+            tokens = sum(len(s.input_ids) for s in rows)
+            records.append(ShardRecord(name, split, plan.index, [s.id for s in rows], tokens, size, digest))
+            StoreManifest(**{**asdict(manifest), "shards": records}).save(out / f"manifest.rank{rank}.json")
+            report.shards_written += 1
+            report.samples_written += len(rows)
+            report.tokens_written += tokens
+            report.bytes_written += size
+            bar.note(f"{report.bytes_written / 2**30:.2f} GiB written")
+    _finish(out, manifest, plans, world, rank)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _init_distributed() -> tuple[int, int, torch.device]:
+    """Rank, world size and device; joins the process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available()
+    if world == 1:
+        return 0, 1, torch.device("cuda" if cuda else "cpu")
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return dist.get_rank(), dist.get_world_size(), torch.device(f"cuda:{local}" if cuda else "cpu")
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _load_samples(data_dir: Path, splits) -> dict:
+    if not (data_dir / "manifest.json").is_file():
+        raise EyasError(f"{data_dir} is not a DATA_DIR (no manifest.json); run eyas prepare first")
+    samples = {}
+    for split in splits:
+        path = data_dir / f"{split}.parquet"
+        if not path.is_file():
+            raise EyasError(f"{data_dir} has no {split}.parquet; choose splits with --splits")
+        samples[split] = read_samples(path)
+    return samples
+
+
+def _resume_state(out: Path, manifest: StoreManifest, force: bool, rank: int) -> dict[str, ShardRecord] | None:
+    """Shards already finished (by name); None when the store is complete. Refuses foreign stores."""
+    final = out / MANIFEST
+    partials = sorted(out.glob("manifest.rank*.json")) if out.is_dir() else []
+    existing = [StoreManifest.load(p) for p in ([final] if final.is_file() else []) + partials]
+    if force:
+        if rank == 0:
+            for path in [*out.glob("*.safetensors"), *partials, final]:
+                path.unlink(missing_ok=True)
+        existing = []
+    _barrier(int(os.environ.get("WORLD_SIZE", "1")))
+    for old in existing:
+        if old.identity() != manifest.identity():
+            changed = [k for k, v in manifest.identity().items() if old.identity().get(k) != v]
+            raise EyasError(
+                f"{out} holds a capture made with other settings ({', '.join(changed)} differ); "
+                "use another --out, or --force to discard it and start over"
+            )
+    if any(m.complete for m in existing):
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.tmp-*"):  # a shard being written when the last run died
+        stale.unlink(missing_ok=True)
+    done = {}
+    for old in existing:
+        for record in old.shards:
+            if (out / record.file).is_file() and (out / record.file).stat().st_size == record.bytes:
+                done[record.file] = record
+    return done
+
+
+def _cap(samples: dict, max_gb: float | None, per_token: int) -> tuple[dict, int]:
+    """Keep samples in DATA_DIR order while the estimated store stays under ``max_gb``."""
+    if max_gb is None:
+        return samples, 0
+    budget = max_gb * 2**30
+    kept, dropped, used = {}, 0, 0
+    for split, rows in samples.items():
+        kept[split] = []
+        for sample in rows:
+            cost = len(sample.input_ids) * per_token
+            if used + cost <= budget:
+                kept[split].append(sample)
+                used += cost
+            else:
+                dropped += 1
+    return kept, dropped
+
+
+def _check_disk(out: Path, needed: int, force: bool, rank: int) -> None:
+    free = shutil.disk_usage(out if out.exists() else out.parent).free
+    print(f"capture (rank {rank}): about {needed / 2**30:.2f} GiB to write, {free / 2**30:.1f} GiB free at {out}", flush=True)
+    if needed > free * 0.98 and not force:
+        raise EyasError(
+            f"not enough disk at {out}: the capture needs about {needed / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free; "
+            "free space, cap it with --max-gb, store --dtype fp8 (half of bf16), or --force to try anyway"
+        )
+
+
+def _state_source(options, source, layer_ids, device, num_layers, todo, samples):
+    """A function (split, shard plan) → per-sample (aux, final), from the HF model or from vLLM."""
+    if options.engine == "vllm":
+        from eyas.store.vllm_source import vllm_states
+
+        return vllm_states(options, source, layer_ids, num_layers, todo, samples)
+    from eyas.target import capture_hidden_states, load_target
+
+    target = load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
+
+    def states(split: str, plan: ShardPlan):
+        for batch in plan.batches:
+            rows = [samples[split][i] for i in batch]
+            longest = max(len(r.input_ids) for r in rows)
+            ids = torch.zeros(len(rows), longest, dtype=torch.long)
+            mask = torch.zeros(len(rows), longest, dtype=torch.long)
+            for r, row in enumerate(rows):
+                ids[r, : len(row.input_ids)] = torch.from_numpy(row.input_ids.astype(np.int64))
+                mask[r, : len(row.input_ids)] = 1
+            captured = capture_hidden_states(target.model, target.layout, ids, attention_mask=mask, layer_ids=layer_ids)
+            for r in range(len(rows)):
+                yield captured.sequence(r)
+
+    return states
+
+
+def _finish(out: Path, manifest: StoreManifest, plans: dict, world: int, rank: int) -> None:
+    """Rank 0 merges the partial manifests into manifest.json once every rank is done."""
+    _barrier(world)
+    if rank != 0:
+        return
+    partials = sorted(out.glob("manifest.rank*.json"))
+    records = {r.file: r for p in partials for r in StoreManifest.load(p).shards}
+    expected = [shard_name(split, plan.index) for split, split_plans in plans.items() for plan in split_plans]
+    missing = [name for name in expected if name not in records]
+    if missing:
+        raise EyasError(f"capture finished with shards missing from the manifests: {missing[:5]}; rerun the same command")
+    ordered = [records[name] for name in expected]
+    StoreManifest(**{**asdict(manifest), "shards": ordered, "complete": True}).save(out / MANIFEST)
+    for path in partials:
+        path.unlink()
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def describe(report: CaptureReport) -> str:
+    """A one-paragraph summary for the command line."""
+    if report.already_complete:
+        return "nothing to do: the store is complete (same target, data and options); --force to capture again"
+    text = (f"rank {report.rank}/{report.world_size}: {report.shards_written} shards written, {report.shards_skipped} already done; "
+            f"{report.samples_written:,} samples, {report.tokens_written:,} tokens, {report.bytes_written / 2**30:.3f} GiB "
+            f"in {report.seconds:.1f} s")
+    if report.seconds and report.tokens_written:
+        text += f" ({report.tokens_written / report.seconds:,.0f} tokens/s)"
+    if report.samples_capped:
+        text += f"; {report.samples_capped:,} samples left out by --max-gb"
+    return text
+

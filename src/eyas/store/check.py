@@ -1,0 +1,108 @@
+"""``eyas capture --check``: is this FEATURES_DIR intact, and does it hold what the target computes?"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from eyas.data.samples import read_samples
+from eyas.errors import EyasError
+from eyas.store.reader import FeatureStore
+from eyas.store.shards import StoreManifest, file_sha256
+
+# Largest relative difference (max |stored − live| / max |live|) expected from storage rounding.
+TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 1.6e-2, "fp8": 1.3e-1}
+
+
+@dataclass
+class CheckReport:
+    """Checksums, counts, and the re-capture comparison per tensor."""
+
+    shards: int = 0
+    bad_checksums: list[str] = field(default_factory=list)
+    count_problems: list[str] = field(default_factory=list)
+    recaptured: list[str] = field(default_factory=list)
+    max_abs: dict[str, float] = field(default_factory=dict)
+    max_rel: dict[str, float] = field(default_factory=dict)
+    tolerance: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is corrupt or missing and every difference is within tolerance."""
+        return not self.bad_checksums and not self.count_problems and all(v <= self.tolerance for v in self.max_rel.values())
+
+
+def check_store(directory: Path, target: str | None = None, samples: int = 4, trust_remote_code: bool = False) -> CheckReport:
+    """Verify checksums and counts; re-capture ``samples`` random samples with the live target."""
+    directory = Path(directory)
+    manifest = StoreManifest.load(directory / "manifest.json")
+    report = CheckReport(shards=len(manifest.shards), tolerance=TOLERANCE[manifest.dtype])
+    for shard in manifest.shards:
+        path = directory / shard.file
+        if not path.is_file():
+            report.bad_checksums.append(f"{shard.file}: missing")
+        elif file_sha256(path) != shard.sha256:
+            report.bad_checksums.append(f"{shard.file}: sha256 differs from the manifest")
+    data_dir = Path(manifest.data["path"])
+    for split in manifest.options["splits"]:
+        store = FeatureStore(directory, split)
+        expected = {s.id: len(s.input_ids) for s in read_samples(data_dir / f"{split}.parquet")} if data_dir.is_dir() else None
+        ids = store.sample_ids
+        if len(set(ids)) != len(ids):
+            report.count_problems.append(f"{split}: a sample appears more than once")
+        if expected is not None and manifest.options.get("max_gb") is None and set(ids) != set(expected):
+            report.count_problems.append(f"{split}: {len(set(expected) - set(ids))} samples of DATA_DIR missing, "
+                                         f"{len(set(ids) - set(expected))} unknown")
+        tokens = sum(s.tokens for s in store.shards)
+        if tokens != sum(len(store[i]["input_ids"]) for i in range(len(store))):
+            report.count_problems.append(f"{split}: token counts differ from the manifest")
+    if samples and not report.bad_checksums:
+        _recapture(directory, manifest, target or manifest.target["spec"], samples, report, trust_remote_code)
+    return report
+
+
+def _recapture(directory, manifest, target_spec, samples, report, trust_remote_code) -> None:
+    from eyas.target import capture_hidden_states, load_target
+
+    target = load_target(target_spec, trust_remote_code=trust_remote_code)
+    if target.layout.num_layers != manifest.target["num_layers"] or target.layout.hidden_size != manifest.target["hidden_size"]:
+        raise EyasError(f"target {target_spec!r} is not the one this store was captured from ({manifest.target['architecture']})")
+    store = FeatureStore(directory, manifest.options["splits"][0], dtype=torch.float32)
+    rng = random.Random(0)
+    width = manifest.target["hidden_size"]
+    for i in rng.sample(range(len(store)), min(samples, len(store))):
+        item = store[i]
+        live = capture_hidden_states(target.model, target.layout, item["input_ids"].long(), layer_ids=manifest.layer_ids)
+        report.recaptured.append(item["id"])
+        pairs = {f"layer {lid}": (item["aux"][:, k * width:(k + 1) * width], live.aux[0, :, k * width:(k + 1) * width])
+                 for k, lid in enumerate(manifest.layer_ids)}
+        pairs["final"] = (item["final"], live.final[0])
+        for name, (stored, fresh) in pairs.items():
+            fresh = fresh.float().cpu()
+            diff = (stored.float() - fresh).abs().max().item()
+            rel = diff / max(fresh.abs().max().item(), 1e-12)
+            report.max_abs[name] = max(report.max_abs.get(name, 0.0), diff)
+            report.max_rel[name] = max(report.max_rel.get(name, 0.0), rel)
+
+
+def print_check(console: Console, report: CheckReport) -> None:
+    """Print the check as a table; exit code 1 when it failed."""
+    table = Table(title="eyas capture --check", show_header=True)
+    table.add_column("tensor")
+    table.add_column("max |stored − live|")
+    table.add_column("max rel")
+    for name in report.max_abs:
+        table.add_row(name, f"{report.max_abs[name]:.3g}", f"{report.max_rel[name]:.3g}")
+    console.print(f"{report.shards} shards; checksums {'ok' if not report.bad_checksums else 'BAD'}; "
+                  f"counts {'ok' if not report.count_problems else 'BAD'}; re-captured {len(report.recaptured)} samples")
+    for problem in report.bad_checksums + report.count_problems:
+        console.print(f"  [red]{problem}[/]")
+    console.print(table)
+    console.print(f"tolerance for this dtype: rel ≤ {report.tolerance:g} → " + ("[green]OK[/]" if report.ok else "[red]FAILED[/]"))
+    if not report.ok:
+        raise SystemExit(1)

@@ -1,0 +1,70 @@
+"""Read a FEATURES_DIR: a memory-mapped, map-style dataset of per-sample tensors.
+
+Shards are opened with safetensors' ``safe_open`` (the file is memory-mapped) and only the rows
+of the requested sample are read, so a terabyte store costs no RAM up front. fp8 stores are
+dequantised on read, transparently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from eyas.errors import EyasError
+from eyas.store import fp8
+from eyas.store.shards import StoreManifest
+
+
+class FeatureStore:
+    """Samples of one split: ``store[i]`` → dict(id, input_ids, loss_mask, aux, final)."""
+
+    def __init__(self, directory: Path, split: str = "train", dtype: torch.dtype | None = None):
+        self.directory = Path(directory)
+        manifest_path = self.directory / "manifest.json"
+        if not manifest_path.is_file():
+            raise EyasError(f"{self.directory} is not a FEATURES_DIR (no manifest.json); run eyas capture first")
+        self.manifest = StoreManifest.load(manifest_path)
+        if not self.manifest.complete:
+            raise EyasError(f"{self.directory} is an unfinished capture; rerun the same eyas capture command to finish it")
+        self.shards = [s for s in self.manifest.shards if s.split == split]
+        self.layers = len(self.manifest.layer_ids)
+        # fp8 is dequantised to bf16 by default; other stores come back as stored.
+        self.dtype = dtype
+        self._index: list[tuple[int, int]] = [(k, j) for k, shard in enumerate(self.shards) for j in range(len(shard.sample_ids))]
+        self._handles: dict[int, object] = {}
+        self._offsets: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        """Ids in store order."""
+        return [s for shard in self.shards for s in shard.sample_ids]
+
+    def __getitem__(self, i: int) -> dict:
+        k, j = self._index[i]
+        handle = self._handle(k)
+        offsets = self._offsets[k]
+        a, b = int(offsets[j]), int(offsets[j + 1])
+        item = {"id": self.shards[k].sample_ids[j]}
+        for name in ("input_ids", "loss_mask"):
+            item[name] = handle.get_slice(name)[a:b]
+        for name in ("aux", "final"):
+            values = handle.get_slice(name)[a:b]
+            if self.manifest.dtype == "fp8":
+                values = fp8.dequantize(values, handle.get_slice(f"{name}_scale")[a:b], self.dtype or torch.bfloat16)
+            elif self.dtype is not None:
+                values = values.to(self.dtype)
+            item[name] = values
+        return item
+
+    def _handle(self, k: int):
+        if k not in self._handles:
+            path = self.directory / self.shards[k].file
+            handle = safe_open(str(path), framework="pt")
+            self._handles[k] = handle
+            self._offsets[k] = handle.get_tensor("offsets")
+        return self._handles[k]
