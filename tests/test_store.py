@@ -99,7 +99,8 @@ def test_sigkill_mid_capture_then_rerun_equals_an_uninterrupted_run(target_and_d
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not (tmp_path / "resumed" / "manifest.json").exists()
     report = capture(options(target, data, tmp_path / "resumed", shard_mb=0))
-    assert report.shards_skipped == 3 and report.shards_written > 0
+    # Shards are written on two threads, so one or two may be in flight at the kill.
+    assert 1 <= report.shards_skipped <= 3 and report.shards_written > 0
     clean = json.loads((tmp_path / "clean" / "manifest.json").read_text())
     resumed = json.loads((tmp_path / "resumed" / "manifest.json").read_text())
     assert [s["sample_ids"] for s in resumed["shards"]] == [s["sample_ids"] for s in clean["shards"]]

@@ -22,6 +22,7 @@ import torch
 from eyas.data.samples import read_samples
 from eyas.errors import EyasError
 from eyas.progress import progress_bar
+from eyas.store.async_writer import ShardWriterPool
 from eyas.store.plan import ShardPlan, plan_shards
 from eyas.store.shards import DTYPES, ShardRecord, StoreManifest, bytes_per_token, shard_name, write_shard
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
@@ -47,6 +48,7 @@ class CaptureOptions:
     engine: str = "hf"
     vllm_python: str | None = None
     trust_remote_code: bool = False
+    writer_threads: int = 2
 
 
 @dataclass
@@ -63,7 +65,8 @@ class CaptureReport:
     estimated_bytes: int = 0
     samples_capped: int = 0  # left out by --max-gb
     already_complete: bool = False
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole stage, model loading included
+    capture_seconds: float = 0.0  # first batch to last shard on disk
     notes: list[str] = field(default_factory=list)
 
 
@@ -117,7 +120,24 @@ def capture(options: CaptureOptions) -> CaptureReport:
 
     states = _state_source(options, source, layer_ids, device, num_layers, todo, samples)
     records = list(done.values())
-    with progress_bar(f"capture (rank {rank}/{world})" if world > 1 else "capture", total=todo_tokens, unit="tok") as bar:
+    loop_started = time.perf_counter()
+
+    def recorder(split: str, plan: ShardPlan, rows: list):
+        def on_written(result: tuple[int, str]) -> None:
+            size, digest = result
+            tokens = sum(len(s.input_ids) for s in rows)
+            records.append(ShardRecord(shard_name(split, plan.index), split, plan.index, [s.id for s in rows], tokens, size, digest))
+            StoreManifest(**{**asdict(manifest), "shards": records}).save(out / f"manifest.rank{rank}.json")
+            report.shards_written += 1
+            report.samples_written += len(rows)
+            report.tokens_written += tokens
+            report.bytes_written += size
+            bar.note(f"{report.bytes_written / 2**30:.2f} GiB written")
+
+        return on_written
+
+    with progress_bar(f"capture (rank {rank}/{world})" if world > 1 else "capture", total=todo_tokens, unit="tok") as bar, \
+            ShardWriterPool(workers=options.writer_threads) as writers:
         for split, plan in todo:
             rows = [samples[split][i] for i in plan.samples]
             packed = []
@@ -125,16 +145,9 @@ def capture(options: CaptureOptions) -> CaptureReport:
                 packed.append({"input_ids": torch.from_numpy(sample.input_ids), "loss_mask": torch.from_numpy(sample.loss_mask),
                                "aux": aux, "final": final})
                 bar(len(sample.input_ids))
-            name = shard_name(split, plan.index)
-            size, digest = write_shard(out / name, packed, options.dtype, len(layer_ids))
-            tokens = sum(len(s.input_ids) for s in rows)
-            records.append(ShardRecord(name, split, plan.index, [s.id for s in rows], tokens, size, digest))
-            StoreManifest(**{**asdict(manifest), "shards": records}).save(out / f"manifest.rank{rank}.json")
-            report.shards_written += 1
-            report.samples_written += len(rows)
-            report.tokens_written += tokens
-            report.bytes_written += size
-            bar.note(f"{report.bytes_written / 2**30:.2f} GiB written")
+            path = out / shard_name(split, plan.index)
+            writers.submit(lambda p=path, k=packed: write_shard(p, k, options.dtype, len(layer_ids)), recorder(split, plan, rows))
+    report.capture_seconds = time.perf_counter() - loop_started
     _finish(out, manifest, plans, world, rank)
     report.seconds = time.perf_counter() - started
     return report
@@ -288,8 +301,8 @@ def describe(report: CaptureReport) -> str:
     text = (f"rank {report.rank}/{report.world_size}: {report.shards_written} shards written, {report.shards_skipped} already done; "
             f"{report.samples_written:,} samples, {report.tokens_written:,} tokens, {report.bytes_written / 2**30:.3f} GiB "
             f"in {report.seconds:.1f} s")
-    if report.seconds and report.tokens_written:
-        text += f" ({report.tokens_written / report.seconds:,.0f} tokens/s)"
+    if report.capture_seconds and report.tokens_written:
+        text += f" ({report.tokens_written / report.capture_seconds:,.0f} tokens/s once loaded)"
     if report.samples_capped:
         text += f"; {report.samples_capped:,} samples left out by --max-gb"
     return text

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from eyas.io import atomic_path, write_json_atomic
 from eyas.store import fp8
@@ -89,11 +89,13 @@ def write_shard(path: Path, samples: list[dict[str, torch.Tensor]], dtype: str, 
         tensors["final"], tensors["final_scale"] = fp8.quantize(final, 1)
     else:
         tensors["aux"], tensors["final"] = aux.to(DTYPES[dtype]), final.to(DTYPES[dtype])
+    # Serialise in memory once: hash those bytes and write them, instead of reading the file back.
+    blob = save({k: v.contiguous() for k, v in tensors.items()})
+    digest = hashlib.sha256(blob).hexdigest()
     with atomic_path(path) as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-        digest = file_sha256(tmp)
-        size = tmp.stat().st_size
-    return size, digest
+        with open(tmp, "wb") as f:
+            f.write(blob)
+    return len(blob), digest
 
 
 def file_sha256(path: Path) -> str:

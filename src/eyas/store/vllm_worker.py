@@ -182,7 +182,9 @@ def _build_cpu_connector():
             cache = self._kv_cache  # [blocks, num_states, block_size, hidden]
             blocks = cache[torch.tensor(pending.block_ids, dtype=torch.long)]
             states = blocks.permute(0, 2, 1, 3).reshape(-1, cache.shape[1], cache.shape[3])
-            tensors = {"hidden_states": states[: pending.token_ids.shape[0]].clone(), "token_ids": pending.token_ids.clone()}
+            # The cache view is strided (vLLM's LBNHC layout); safetensors wants packed tensors.
+            hidden = states[: pending.token_ids.shape[0]].clone(memory_format=torch.contiguous_format)
+            tensors = {"hidden_states": hidden, "token_ids": pending.token_ids.clone()}
             os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
             lock_fd = self._lock_fds.pop(pending.req_id, None)
             if lock_fd is None and self.use_lock:
@@ -215,6 +217,7 @@ def save_request(out: Path, sample_id: str, states, token_ids) -> str:
     name = safe_name(sample_id)
     tmp = out / f".{name}.tmp"
     save_file({"hidden_states": states.contiguous(), "token_ids": token_ids.contiguous()}, str(tmp))
+    os.chmod(tmp, 0o644)  # save_file creates 0600 files; the states are not secret
     os.replace(tmp, out / name)
     return name
 

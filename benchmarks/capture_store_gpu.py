@@ -1,0 +1,104 @@
+"""`eyas capture` end to end on a GPU against plain prefill of the very same batches.
+
+    PYTHONPATH=src python3 benchmarks/capture_store_gpu.py --target demo --data DATA_DIR --work /tmp/eyas-bench
+
+Measures, in one run on one machine: tokens/s of plain prefill (no hooks, logits_to_keep=1) over
+the capture plan's batches; tokens/s of capture alone (hooks + pinned copies, no store); and
+tokens/s of the whole `eyas capture` stage (plan → capture → shards written, hashed and fsynced
+on background threads), once per storage dtype. Prints a table and writes capture_store_gpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eyas.data.samples import read_samples
+from eyas.store.capture_stage import CaptureOptions, capture
+from eyas.store.plan import plan_shards
+from eyas.target import capture_hidden_states, load_target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="demo")
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/eyas-bench"))
+    parser.add_argument("--token-budget", type=int, default=16384)
+    parser.add_argument("--dtypes", default="bf16,fp8")
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+
+    samples = read_samples(args.data / "train.parquet")
+    lengths = [len(s.input_ids) for s in samples]
+    plan = plan_shards(lengths, args.token_budget, 64, 1 << 60)[0]
+    batches = [_padded([samples[i] for i in batch]) for batch in plan.batches]
+    tokens = sum(lengths)
+    target = load_target(args.target)
+    model, layout = target.model, target.layout
+
+    def plain():
+        with torch.no_grad():
+            for ids, mask in batches:
+                model(input_ids=ids.cuda(non_blocking=True), attention_mask=mask.cuda(non_blocking=True), use_cache=False,
+                      logits_to_keep=1)
+        torch.cuda.synchronize()
+
+    def capture_only():
+        for ids, mask in batches:
+            capture_hidden_states(model, layout, ids, attention_mask=mask)
+
+    results = {"device": torch.cuda.get_device_name(), "samples": len(samples), "tokens": tokens, "batches": len(batches)}
+    plain()  # warm-up: kernels, allocator
+    capture_only()
+    for name, fn in (("plain_prefill", plain), ("capture_no_store", capture_only), ("plain_prefill_again", plain)):
+        start = time.perf_counter()
+        fn()
+        results[name] = {"seconds": time.perf_counter() - start}
+        results[name]["tokens_per_s"] = tokens / results[name]["seconds"]
+    del model, target
+    torch.cuda.empty_cache()
+
+    for dtype in args.dtypes.split(","):
+        out = args.work / f"features-{dtype}"
+        shutil.rmtree(out, ignore_errors=True)
+        report = capture(CaptureOptions(target=args.target, data=args.data, out=out, dtype=dtype, splits=("train",),
+                                        token_budget=args.token_budget))
+        results[f"eyas_capture_{dtype}"] = {
+            "seconds": report.capture_seconds,
+            "tokens_per_s": report.tokens_written / report.capture_seconds,
+            "bytes_per_token": report.bytes_written / report.tokens_written,
+            "gib_written": report.bytes_written / 2**30,
+            "write_gib_per_s": report.bytes_written / 2**30 / report.capture_seconds,
+        }
+        shutil.rmtree(out, ignore_errors=True)
+
+    base = min(results["plain_prefill"]["tokens_per_s"], results["plain_prefill_again"]["tokens_per_s"])
+    results["baseline_tokens_per_s"] = base
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "capture_store_gpu.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    print(f"\n| run ({tokens:,} tokens, {len(batches)} batches) | tokens/s | vs plain prefill | bytes/token |\n|---|---|---|---|")
+    for key in ("plain_prefill", "plain_prefill_again", "capture_no_store", *(f"eyas_capture_{d}" for d in args.dtypes.split(","))):
+        row = results[key]
+        print(f"| {key} | {row['tokens_per_s']:,.0f} | {row['tokens_per_s'] / base:.3f} | {row.get('bytes_per_token', 0):,.0f} |")
+
+
+def _padded(rows):
+    longest = max(len(r.input_ids) for r in rows)
+    ids = torch.zeros(len(rows), longest, dtype=torch.long).pin_memory()
+    mask = torch.zeros(len(rows), longest, dtype=torch.long).pin_memory()
+    for r, row in enumerate(rows):
+        ids[r, : len(row.input_ids)] = torch.from_numpy(row.input_ids.astype(np.int64))
+        mask[r, : len(row.input_ids)] = 1
+    return ids, mask
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""Capture hidden states through vLLM, for targets too large to load with HF.
+
+vLLM runs in its own environment (it pins its own torch), so eyas drives it as a subprocess:
+``vllm_worker.py`` runs under the vLLM Python, captures every sample with vLLM's
+``extract_hidden_states`` speculative method and writes one safetensors file per sample plus an
+``index.jsonl``; this module writes the requests, streams the worker's log to the user, and
+yields each sample's states in eyas' form as soon as its file lands.
+
+vLLM's layer ids mean what eyas' mean (id ``L`` = the residual stream entering decoder layer
+``L``; id ``N`` = the last layer's output before the final norm), so they are passed as is. The
+final hidden, though, is the final norm's *output*, which vLLM never exposes: the worker always
+taps id ``N`` as well, and the norm is applied here, loaded on its own from the checkpoint so a
+huge target is never loaded whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from eyas.errors import EyasError
+from eyas.io import atomic_path
+from eyas.target.layer_ids import validate_layer_ids
+from eyas.target.layout import discover_layout
+from eyas.target.loading import build_skeleton, load_target_config, resolve_target
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+DEFAULT_VLLM_PYTHON = "/work/vllm-venv/bin/python"  # where benchmarks/vllm_env.sh builds the venv
+_LOG_TAIL = 40  # worker log lines quoted in an error
+_POLL_S = 0.2
+
+
+def resolve_vllm_python(explicit: str | None = None) -> str:
+    """The Python to run vLLM with: ``explicit``, else $EYAS_VLLM_PYTHON, else the default venv."""
+    for candidate in (explicit, os.environ.get("EYAS_VLLM_PYTHON")):
+        if candidate:
+            return candidate
+    if Path(DEFAULT_VLLM_PYTHON).exists():
+        return DEFAULT_VLLM_PYTHON
+    raise EyasError(
+        "capturing with vLLM needs a Python environment that has vLLM; none was given, "
+        f"EYAS_VLLM_PYTHON is not set and {DEFAULT_VLLM_PYTHON} does not exist. Create one with "
+        "`benchmarks/vllm_env.sh setup` (or any venv with `pip install vllm`) and set "
+        "EYAS_VLLM_PYTHON=/path/to/venv/bin/python"
+    )
+
+
+def check_vllm_python(python: str) -> None:
+    """Fail with a clear message unless ``python`` runs and can find the vllm package."""
+    # find_spec, not `import vllm`: the import takes seconds; a broken install still fails later,
+    # in the worker, with its log.
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise EyasError(f"cannot run the vLLM Python {python!r}: {err}; set EYAS_VLLM_PYTHON to a working one") from err
+    if done.returncode == 3:
+        raise EyasError(
+            f"{python} cannot import vllm; install it there (`{python} -m pip install vllm`, or "
+            "`benchmarks/vllm_env.sh setup` for the CPU build) or point EYAS_VLLM_PYTHON at a Python that has it"
+        )
+    if done.returncode != 0:
+        raise EyasError(f"the vLLM Python {python!r} failed to start: {done.stderr.strip()[-500:]}")
+
+
+def worker_layer_ids(layer_ids: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
+    """The ids the worker taps: the aux ids, then ``N`` (for the final hidden) unless already there."""
+    ids = validate_layer_ids(layer_ids, num_layers)
+    return ids if ids[-1] == num_layers else (*ids, num_layers)
+
+
+def write_requests(samples: Iterable[tuple[str, np.ndarray]], path: Path) -> list[tuple[str, np.ndarray]]:
+    """Write the worker's requests file (one JSON line per sample); returns the samples as a list."""
+    requests: list[tuple[str, np.ndarray]] = []
+    seen: set[str] = set()
+    with atomic_path(Path(path)) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for sample_id, input_ids in samples:
+            sample_id = str(sample_id)
+            ids = np.asarray(input_ids)
+            if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+                raise EyasError(f"sample {sample_id!r}: input_ids must be a non-empty 1-D integer array, got {ids.dtype} {ids.shape}")
+            if sample_id in seen:
+                raise EyasError(f"sample id {sample_id!r} appears twice; vLLM capture names its files by id")
+            seen.add(sample_id)
+            f.write(json.dumps({"id": sample_id, "input_ids": ids.tolist()}) + "\n")
+            requests.append((sample_id, ids))
+    return requests
+
+
+class IndexReader:
+    """Reads the worker's ``index.jsonl`` incrementally, only ever parsing complete lines."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.offset = 0
+        self.entries: dict[str, dict] = {}
+
+    def poll(self) -> dict[str, dict]:
+        """Add the lines finished since the last poll; returns all entries by id."""
+        if not self.path.exists():
+            return self.entries
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self.offset += len(complete)
+        for line in complete.decode("utf-8").splitlines():
+            if line.strip():
+                record = json.loads(line)
+                self.entries[record["id"]] = record
+        return self.entries
+
+
+def load_worker_states(states_dir: Path, entry: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sample's (hidden_states [T, m, H], token_ids [T]) as the worker wrote them."""
+    from safetensors.torch import load_file
+
+    data = load_file(str(Path(states_dir) / entry["file"]))
+    return data["hidden_states"], data["token_ids"]
+
+
+def split_states(
+    hidden: torch.Tensor, tapped: tuple[int, ...], layer_ids: tuple[int, ...], norm: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Worker states [T, m, H] at ids ``tapped`` → (aux [T, k·H] low→high, final [T, H] = norm(id N))."""
+    tokens, _, width = hidden.shape
+    aux = hidden[:, [tapped.index(i) for i in layer_ids]].reshape(tokens, len(layer_ids) * width)
+    with torch.no_grad():
+        final = norm(hidden[:, tapped[-1]])
+    return aux, final
+
+
+def load_final_norm(target_source: str, num_layers: int | None = None, trust_remote_code: bool = False) -> nn.Module:
+    """The target's final norm with its checkpoint weights, without loading anything else."""
+    config, source = load_target_config(target_source, trust_remote_code)
+    layout = discover_layout(build_skeleton(config, trust_remote_code))  # meta device: no memory
+    if num_layers is not None and layout.num_layers != num_layers:
+        raise EyasError(f"target {target_source!r} has {layout.num_layers} decoder layers, not {num_layers}")
+    norm = layout.norm
+    wanted = {name: f"{layout.norm_path}.{name}" for name in norm.state_dict()}
+    tensors = _checkpoint_tensors(source, wanted)
+    norm.load_state_dict(tensors, strict=True, assign=True)
+    left = [n for n, t in (*norm.named_parameters(), *norm.named_buffers()) if t.is_meta]
+    if left:
+        raise EyasError(f"the final norm {layout.norm_path} has tensors the checkpoint does not hold: {left}")
+    return norm.eval()
+
+
+def _checkpoint_tensors(source: str, wanted: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Read the tensors named ``wanted`` (local name → module path) from the safetensors checkpoint."""
+    from safetensors import safe_open
+
+    located = _checkpoint_keys(source)
+    out = {}
+    for local, path in wanted.items():
+        key = _match_key(path, located)
+        with safe_open(str(_checkpoint_file(source, located[key])), framework="pt") as f:
+            out[local] = f.get_tensor(key)
+    return out
+
+
+def _checkpoint_keys(source: str) -> dict[str, str]:
+    """Every tensor name of the checkpoint → the file holding it (sharded or single-file)."""
+    from safetensors import safe_open
+
+    index = _checkpoint_file(source, "model.safetensors.index.json", required=False)
+    if index is not None:
+        return dict(json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"])
+    single = _checkpoint_file(source, "model.safetensors", required=False)
+    if single is None:
+        raise EyasError(
+            f"target {source!r} has neither model.safetensors nor model.safetensors.index.json; "
+            "the final norm is read from safetensors checkpoints only"
+        )
+    with safe_open(str(single), framework="pt") as f:
+        return {key: "model.safetensors" for key in f.keys()}
+
+
+def _checkpoint_file(source: str, name: str, required: bool = True) -> Path | None:
+    """A file of the checkpoint: from the directory, or fetched alone from the hub."""
+    if Path(source).is_dir():
+        path = Path(source) / name
+        if path.exists() or not required:
+            return path if path.exists() else None
+        raise EyasError(f"{path} is listed by the checkpoint index but does not exist")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(source, name))
+    except EntryNotFoundError:
+        if required:
+            raise
+        return None
+
+
+def _match_key(path: str, keys: dict[str, str]) -> str:
+    """The checkpoint name of module tensor ``path``; when the module tree and checkpoint names
+    differ (multimodal wrappers), the one tensor with the same leaf that is not inside a stack."""
+    if path in keys:
+        return path
+    leaf = ".".join(path.split(".")[-2:])  # e.g. "norm.weight"
+    found = [k for k in keys if (k == leaf or k.endswith("." + leaf)) and ".layers." not in k and ".blocks." not in k]
+    if len(found) == 1:
+        return found[0]
+    raise EyasError(
+        f"cannot find the final norm tensor {path!r} in the checkpoint; "
+        + (f"candidates: {found[:10]}" if found else f"no tensor name ends in {leaf!r}")
+    )
+
+
+class _Worker:
+    """The worker subprocess, its log forwarded to our stderr and its tail kept for errors."""
+
+    def __init__(self, command: list[str]):
+        self.tail: deque[str] = deque(maxlen=_LOG_TAIL)
+        # Own session: on cleanup the worker and the engine processes vLLM starts go together.
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
+        )
+        self._reader = threading.Thread(target=self._forward, daemon=True)
+        self._reader.start()
+
+    def _forward(self) -> None:
+        for line in self.process.stdout:
+            self.tail.append(line.rstrip("\n"))
+            sys.stderr.write(line)
+        sys.stderr.flush()
+
+    def returncode(self) -> int | None:
+        """The exit status once it has exited (its log fully read), else None."""
+        code = self.process.poll()
+        if code is not None:
+            self._reader.join(timeout=10)
+        return code
+
+    def log_tail(self) -> str:
+        return "\n".join(self.tail)
+
+    def stop(self) -> None:
+        """End the worker's whole session if it still runs (TERM, then KILL after 30 s)."""
+        if self.process.poll() is None:
+            _signal_session(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                _signal_session(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._reader.join(timeout=10)
+
+
+def _signal_session(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # the worker leads its own session: pgid == its pid
+    except ProcessLookupError:
+        pass
+
+
+def capture_with_vllm(
+    samples: Iterable[tuple[str, np.ndarray]],
+    target_source: str,
+    layer_ids: tuple[int, ...],
+    num_layers: int,
+    vllm_python: str | None,
+    workdir: Path,
+    dtype: str = "float32",
+) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Yield ``(sample_id, aux [T, k·H], final [T, H])`` per sample, in order, captured by vLLM.
+
+    ``samples`` are ``(sample_id, input_ids)`` with unique ids. ``workdir`` keeps the requests,
+    the worker's files and its index; a rerun with the same workdir skips what was captured.
+    Raises EyasError (with the worker's log tail) if vLLM fails or returns other tokens.
+    """
+    python = resolve_vllm_python(vllm_python)
+    check_vllm_python(python)
+    source = resolve_target(target_source)
+    tapped = worker_layer_ids(tuple(layer_ids), num_layers)
+    layer_ids = tuple(layer_ids)
+    norm = load_final_norm(source, num_layers)
+    workdir = Path(workdir)
+    states_dir = workdir / "states"
+    requests = write_requests(samples, workdir / "requests.jsonl")
+    command = [
+        python, str(WORKER), "--model", source, "--requests", str(workdir / "requests.jsonl"),
+        "--layer-ids", ",".join(map(str, tapped)), "--out", str(states_dir), "--dtype", dtype,
+    ]  # fmt: skip
+    index = IndexReader(states_dir / "index.jsonl")
+    worker = _Worker(command)
+    try:
+        for sample_id, input_ids in requests:
+            entry = _wait_for(sample_id, index, worker)
+            hidden, tokens = load_worker_states(states_dir, entry)
+            if not np.array_equal(tokens.numpy(), input_ids):
+                raise EyasError(
+                    f"sample {sample_id!r}: the states in {states_dir / entry['file']} are for other tokens "
+                    f"({tokens.numel()} vs {input_ids.size}); the workdir holds a capture of other data: "
+                    "empty it or use another one"
+                )
+            aux, final = split_states(hidden, tapped, layer_ids, norm.to(hidden.dtype))
+            yield sample_id, aux, final
+        code = worker.process.wait()
+        worker.returncode()
+        if code != 0:
+            raise EyasError(f"the vLLM worker exited with status {code} after capturing every sample:\n{worker.log_tail()}")
+    finally:
+        worker.stop()  # also when the consumer stops early: no vLLM process outlives the generator
+
+
+def _wait_for(sample_id: str, index: IndexReader, worker: _Worker) -> dict:
+    """Block until the worker lists ``sample_id``; raise if it exits without doing so."""
+    while True:
+        if sample_id in index.poll():
+            return index.entries[sample_id]
+        code = worker.returncode()
+        if code is not None:
+            if sample_id in index.poll():  # written just before it exited
+                return index.entries[sample_id]
+            if code != 0:
+                raise EyasError(f"the vLLM worker failed (exit status {code}); the end of its log:\n{worker.log_tail()}")
+            raise EyasError(f"the vLLM worker finished without capturing sample {sample_id!r}:\n{worker.log_tail()}")
+        time.sleep(_POLL_S)
