@@ -24,7 +24,7 @@ from eyas.errors import EyasError
 from eyas.progress import progress_bar
 from eyas.store.async_writer import ShardWriterPool
 from eyas.store.plan import ShardPlan, plan_shards
-from eyas.store.shards import DTYPES, ShardRecord, StoreManifest, bytes_per_token, shard_name, write_shard
+from eyas.store.shards import DTYPES, ShardRecord, StoreManifest, bytes_per_token, pack_states, shard_name, write_shard
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
 
 MANIFEST = "manifest.json"
@@ -48,7 +48,8 @@ class CaptureOptions:
     engine: str = "hf"
     vllm_python: str | None = None
     trust_remote_code: bool = False
-    writer_threads: int = 2
+    # SHA-256 runs at ~1 GiB/s per core: several shards in flight keep up with a fast GPU.
+    writer_threads: int = field(default_factory=lambda: max(2, min(4, (os.cpu_count() or 2) // 2)))
 
 
 @dataclass
@@ -140,13 +141,12 @@ def capture(options: CaptureOptions) -> CaptureReport:
             ShardWriterPool(workers=options.writer_threads) as writers:
         for split, plan in todo:
             rows = [samples[split][i] for i in plan.samples]
-            packed = []
-            for sample, (aux, final) in zip(rows, states(split, plan), strict=True):
-                packed.append({"input_ids": torch.from_numpy(sample.input_ids), "loss_mask": torch.from_numpy(sample.loss_mask),
-                               "aux": aux, "final": final})
-                bar(len(sample.input_ids))
+            packs = []
+            for pack in states(split, plan):
+                packs.append(pack)
+                bar(pack.tokens)
             path = out / shard_name(split, plan.index)
-            writers.submit(lambda p=path, k=packed: write_shard(p, k, options.dtype, len(layer_ids)), recorder(split, plan, rows))
+            writers.submit(lambda p=path, k=packs: write_shard(p, k), recorder(split, plan, rows))
     report.capture_seconds = time.perf_counter() - loop_started
     _finish(out, manifest, plans, world, rank)
     report.seconds = time.perf_counter() - started
@@ -256,8 +256,10 @@ def _state_source(options, source, layer_ids, device, num_layers, todo, samples)
     from eyas.target import capture_hidden_states, load_target
 
     target = load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
+    layers = len(layer_ids)
 
     def states(split: str, plan: ShardPlan):
+        """One Pack per batch: capture on the device, drop the padding there, cast or quantise there."""
         for batch in plan.batches:
             rows = [samples[split][i] for i in batch]
             longest = max(len(r.input_ids) for r in rows)
@@ -266,9 +268,11 @@ def _state_source(options, source, layer_ids, device, num_layers, todo, samples)
             for r, row in enumerate(rows):
                 ids[r, : len(row.input_ids)] = torch.from_numpy(row.input_ids.astype(np.int64))
                 mask[r, : len(row.input_ids)] = 1
-            captured = capture_hidden_states(target.model, target.layout, ids, attention_mask=mask, layer_ids=layer_ids)
-            for r in range(len(rows)):
-                yield captured.sequence(r)
+            captured = capture_hidden_states(target.model, target.layout, ids, attention_mask=mask, layer_ids=layer_ids,
+                                             offload=False)
+            real = mask.to(captured.aux.device).bool()  # right padding: row-major order keeps samples in sequence
+            yield pack_states([r.input_ids for r in rows], [r.loss_mask for r in rows], captured.aux[real],
+                              captured.final[real], options.dtype, layers)
 
     return states
 

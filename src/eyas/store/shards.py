@@ -14,8 +14,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
-from safetensors.torch import save
 
 from eyas.io import atomic_path, write_json_atomic
 from eyas.store import fp8
@@ -72,30 +72,98 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.safetensors"
 
 
-def write_shard(path: Path, samples: list[dict[str, torch.Tensor]], dtype: str, layers: int) -> tuple[int, str]:
-    """Pack ``samples`` (input_ids, loss_mask, aux, final) into one shard; return (bytes, sha256)."""
-    lengths = [len(s["input_ids"]) for s in samples]
-    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
-    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
-    aux = torch.cat([s["aux"] for s in samples])
-    final = torch.cat([s["final"] for s in samples])
+@dataclass
+class Pack:
+    """Consecutive samples' rows in storage form (cast or quantised), maybe still being copied to the host."""
+
+    lengths: list[int]
+    tensors: dict[str, torch.Tensor]  # input_ids, loss_mask, aux, final [, aux_scale, final_scale]
+    ready: object | None = None  # a CUDA event set once the host copies are complete
+
+    @property
+    def tokens(self) -> int:
+        """Real (unpadded) tokens in the pack."""
+        return sum(self.lengths)
+
+
+_copy_streams: dict = {}
+
+
+def pack_states(
+    input_ids: list[np.ndarray], loss_masks: list[np.ndarray], aux: torch.Tensor, final: torch.Tensor, dtype: str, layers: int
+) -> Pack:
+    """Turn per-token states ``aux`` [ΣT, k·H] and ``final`` [ΣT, H] into a Pack in storage form.
+
+    Casting or fp8 quantisation runs where the states are (on the GPU it is nearly free); from a
+    GPU the results go to pinned host memory with non-blocking copies on a side stream, so the next
+    forward starts at once and the writer waits only for this pack's own copies.
+    """
     tensors = {
-        "input_ids": torch.cat([s["input_ids"] for s in samples]).to(torch.int32),
-        "loss_mask": torch.cat([s["loss_mask"] for s in samples]).to(torch.uint8),
-        "offsets": offsets,
+        "input_ids": torch.from_numpy(np.concatenate(input_ids).astype(np.int32, copy=False)),
+        "loss_mask": torch.from_numpy(np.concatenate(loss_masks).astype(np.uint8, copy=False)),
     }
     if dtype == "fp8":
         tensors["aux"], tensors["aux_scale"] = fp8.quantize(aux, layers)
         tensors["final"], tensors["final_scale"] = fp8.quantize(final, 1)
     else:
         tensors["aux"], tensors["final"] = aux.to(DTYPES[dtype]), final.to(DTYPES[dtype])
-    # Serialise in memory once: hash those bytes and write them, instead of reading the file back.
-    blob = save({k: v.contiguous() for k, v in tensors.items()})
-    digest = hashlib.sha256(blob).hexdigest()
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(blob)
-    return len(blob), digest
+    pack = Pack([len(x) for x in input_ids], tensors)
+    if aux.device.type == "cuda":
+        device = aux.device
+        stream = _copy_streams.setdefault(device, torch.cuda.Stream(device))
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for name in ("aux", "final", "aux_scale", "final_scale"):
+                if name in tensors:
+                    on_device = tensors[name]
+                    host = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
+                    host.copy_(on_device, non_blocking=True)
+                    on_device.record_stream(stream)
+                    tensors[name] = host
+            pack.ready = stream.record_event()
+    return pack
+
+
+# safetensors dtype names of the tensors a shard holds
+_ST_DTYPE = {torch.int32: "I32", torch.uint8: "U8", torch.int64: "I64", torch.float32: "F32", torch.bfloat16: "BF16",
+             torch.float16: "F16", torch.float8_e4m3fn: "F8_E4M3"}
+
+
+def write_shard(path: Path, packs: list[Pack]) -> tuple[int, str]:
+    """Stream the packs into one safetensors shard; return (bytes, sha256).
+
+    Written by hand (an 8-byte header length, a JSON header, then each tensor's bytes) so the
+    pieces go from their buffers straight to the file and into the hash — no concatenated copy,
+    no serialised copy. Readers are plain safetensors.
+    """
+    for pack in packs:
+        if pack.ready is not None:
+            pack.ready.synchronize()
+    lengths = [n for pack in packs for n in pack.lengths]
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    names = ["input_ids", "loss_mask", "offsets", "aux", "final"] + [n for n in ("aux_scale", "final_scale") if n in packs[0].tensors]
+    parts = {name: [offsets] if name == "offsets" else [pack.tensors[name].contiguous() for pack in packs] for name in names}
+    header, cursor = {}, 0
+    for name in names:
+        pieces = parts[name]
+        nbytes = sum(t.numel() * t.element_size() for t in pieces)
+        shape = [sum(t.shape[0] for t in pieces), *pieces[0].shape[1:]]
+        header[name] = {"dtype": _ST_DTYPE[pieces[0].dtype], "shape": shape, "data_offsets": [cursor, cursor + nbytes]}
+        cursor += nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data section starts 8-byte aligned
+    digest = hashlib.sha256()
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        for chunk in (len(head).to_bytes(8, "little"), head):
+            f.write(chunk)
+            digest.update(chunk)
+        for name in names:
+            for piece in parts[name]:
+                view = memoryview(piece.reshape(-1).view(torch.uint8).numpy())
+                f.write(view)  # releases the GIL, as does the hash update: writers run in parallel
+                digest.update(view)
+    return 8 + len(head) + cursor, digest.hexdigest()
 
 
 def file_sha256(path: Path) -> str:

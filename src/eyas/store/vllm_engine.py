@@ -138,7 +138,7 @@ def split_states(
     tokens, _, width = hidden.shape
     aux = hidden[:, [tapped.index(i) for i in layer_ids]].reshape(tokens, len(layer_ids) * width)
     with torch.no_grad():
-        final = norm(hidden[:, tapped[-1]])
+        final = norm(hidden[:, len(tapped) - 1])  # id N is always the last tapped
     return aux, final
 
 
