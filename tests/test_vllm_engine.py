@@ -11,7 +11,6 @@ import stat
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,8 +73,6 @@ def _reference(model, samples) -> dict[str, torch.Tensor]:
 _FAKE_WORKER = """
 import importlib.util, json, os, sys, time
 from pathlib import Path
-import torch
-from safetensors.torch import load_file
 
 if sys.argv[1] == "-c":
     sys.exit(0)  # the engine's "can it import vllm?" probe
@@ -89,6 +86,9 @@ print("fake worker starting", file=sys.stderr, flush=True)
 if mode == "fail":
     print("boom: the engine died", file=sys.stderr, flush=True)
     sys.exit(7)
+import torch
+from safetensors.torch import load_file
+
 assert worker.parse_layer_ids(args.layer_ids) == [int(i) for i in os.environ["FAKE_EXPECT_IDS"].split(",")]
 reference = load_file(os.environ["FAKE_REFERENCE"])
 args.out.mkdir(parents=True, exist_ok=True)
@@ -127,7 +127,7 @@ def test_capture_yields_hf_states_from_worker_output(target, samples, fake_vllm,
     layout = discover_layout(model)
     got = list(capture_with_vllm(iter(samples), str(directory), AUX_IDS, zoo.LAYERS, fake_vllm, tmp_path / "work"))
     assert [g[0] for g in got] == [s for s, _ in samples]
-    for (sample_id, ids), (_, aux, final) in zip(samples, got, strict=True):
+    for (_, ids), (_, aux, final) in zip(samples, got, strict=True):
         want = capture_hidden_states(model, layout, torch.from_numpy(ids.astype(np.int64))[None], layer_ids=AUX_IDS)
         assert aux.shape == (len(ids), len(AUX_IDS) * zoo.HIDDEN)
         assert torch.equal(aux, want.aux[0])
@@ -227,8 +227,8 @@ def test_index_reader_waits_for_complete_lines(tmp_path):
 
 def test_worker_resume_skips_listed_ids_with_files(tmp_path):
     worker = _worker_module()
-    out = tmp_path / "out"
-    name = worker.save_request(out if out.mkdir() is None else out, "done", torch.zeros(2, 1, 4), torch.tensor([1, 2]))
+    out = tmp_path
+    name = worker.save_request(out, "done", torch.zeros(2, 1, 4), torch.tensor([1, 2]))
     assert load_file(str(out / name))["token_ids"].tolist() == [1, 2]
     (out / "index.jsonl").write_text(
         json.dumps({"id": "done", "file": name, "tokens": 2}) + "\n"

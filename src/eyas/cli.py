@@ -130,7 +130,7 @@ def capture(
     splits: str = typer.Option("train,holdout", help="which DATA_DIR splits to capture"),
     token_budget: int = typer.Option(16384, help="tokens per forward batch, padding included"),
     max_batch: int = typer.Option(64, help="most sequences per forward batch"),
-    shard_mb: int = typer.Option(1024, help="approximate shard size in MiB"),
+    shard_mb: int = typer.Option(256, help="approximate shard size in MiB"),
     max_gb: float | None = typer.Option(None, "--max-gb", help="cap the store size: samples beyond it are left out"),
     force: bool = typer.Option(False, "--force", help="discard an existing store / ignore the free-space check"),
     engine: str = typer.Option("hf", help="hf (in-process transformers) or vllm (vLLM's extract_hidden_states)"),

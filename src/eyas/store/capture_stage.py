@@ -42,7 +42,7 @@ class CaptureOptions:
     splits: tuple[str, ...] = ("train", "holdout")
     token_budget: int = 16384
     max_batch: int = 64
-    shard_mb: int = 1024
+    shard_mb: int = 256
     max_gb: float | None = None
     force: bool = False
     engine: str = "hf"
@@ -138,7 +138,7 @@ def capture(options: CaptureOptions) -> CaptureReport:
         return on_written
 
     with progress_bar(f"capture (rank {rank}/{world})" if world > 1 else "capture", total=todo_tokens, unit="tok") as bar, \
-            ShardWriterPool(workers=options.writer_threads) as writers:
+            ShardWriterPool(workers=options.writer_threads, max_pending=options.writer_threads + 4) as writers:
         for split, plan in todo:
             rows = [samples[split][i] for i in plan.samples]
             packs = []
