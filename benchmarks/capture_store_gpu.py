@@ -62,7 +62,6 @@ def main() -> None:
         fn()
         results[name] = {"seconds": time.perf_counter() - start}
         results[name]["tokens_per_s"] = tokens / results[name]["seconds"]
-    del model, target
     torch.cuda.empty_cache()
 
     for dtype in args.dtypes.split(","):
@@ -79,6 +78,10 @@ def main() -> None:
         }
         shutil.rmtree(out, ignore_errors=True)
 
+    results["disk_write_gib_per_s"] = _disk_speed(args.work)
+    for dtype in args.dtypes.split(","):
+        row = results[f"eyas_capture_{dtype}"]
+        row["disk_ceiling_tokens_per_s"] = results["disk_write_gib_per_s"] * 2**30 / row["bytes_per_token"]
     base = min(results["plain_prefill"]["tokens_per_s"], results["plain_prefill_again"]["tokens_per_s"])
     results["baseline_tokens_per_s"] = base
     args.out.mkdir(parents=True, exist_ok=True)
@@ -88,6 +91,26 @@ def main() -> None:
     for key in ("plain_prefill", "plain_prefill_again", "capture_no_store", *(f"eyas_capture_{d}" for d in args.dtypes.split(","))):
         row = results[key]
         print(f"| {key} | {row['tokens_per_s']:,.0f} | {row['tokens_per_s'] / base:.3f} | {row.get('bytes_per_token', 0):,.0f} |")
+    print(f"disk: {results['disk_write_gib_per_s']:.2f} GiB/s with fsync → ceiling "
+          + ", ".join(f"{d} {results[f'eyas_capture_{d}']['disk_ceiling_tokens_per_s']:,.0f} tok/s" for d in args.dtypes.split(",")))
+
+
+def _disk_speed(work: Path, gib: int = 2) -> float:
+    """Sequential write speed of the store's disk with fsync, in GiB/s: the ceiling for any capture."""
+    import os
+
+    block = os.urandom(64 << 20)
+    path = work / "disk-probe.bin"
+    work.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        for _ in range(gib * 16):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return gib / seconds
 
 
 def _padded(rows):
