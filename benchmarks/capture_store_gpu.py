@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/eyas-bench"))
     parser.add_argument("--token-budget", type=int, default=16384)
     parser.add_argument("--dtypes", default="bf16,fp8")
+    parser.add_argument("--shard-mb", type=int, default=64, help="smaller shards shorten the tail of writes after the last batch")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
 
@@ -54,7 +55,8 @@ def main() -> None:
         for ids, mask in batches:
             capture_hidden_states(model, layout, ids, attention_mask=mask)
 
-    results = {"device": torch.cuda.get_device_name(), "samples": len(samples), "tokens": tokens, "batches": len(batches)}
+    results = {"device": torch.cuda.get_device_name(), "samples": len(samples), "tokens": tokens, "batches": len(batches),
+               "shard_mb": args.shard_mb}
     plain()  # warm-up: kernels, allocator
     capture_only()
     for name, fn in (("plain_prefill", plain), ("capture_no_store", capture_only), ("plain_prefill_again", plain)):
@@ -68,7 +70,7 @@ def main() -> None:
         out = args.work / f"features-{dtype}"
         shutil.rmtree(out, ignore_errors=True)
         report = capture(CaptureOptions(target=args.target, data=args.data, out=out, dtype=dtype, splits=("train",),
-                                        token_budget=args.token_budget))
+                                        token_budget=args.token_budget, shard_mb=args.shard_mb))
         results[f"eyas_capture_{dtype}"] = {
             "seconds": report.capture_seconds,
             "tokens_per_s": report.tokens_written / report.capture_seconds,

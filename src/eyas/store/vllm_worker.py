@@ -167,6 +167,10 @@ def _build_cpu_connector():
         ExampleHiddenStatesConnector,
     )
 
+    if not hasattr(ExampleHiddenStatesConnector, "_submit_async_write"):
+        # The override below replaces this one step of the stock connector (vLLM 0.32.0).
+        raise RuntimeError("this vLLM's ExampleHiddenStatesConnector has no _submit_async_write; the CPU connector needs updating")
+
     class _Done:
         """Stands in for the CUDA event the stock get_finished polls: the copy is already done."""
 
@@ -274,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     on_cpu = not torch.cuda.is_available()
     if on_cpu:
         install_plugin(args.out)
-    storage = args.out / ".vllm_raw"
+    storage = args.out.resolve() / ".vllm_raw"  # absolute: the engine processes resolve it too
     shutil.rmtree(storage, ignore_errors=True)  # leftovers of a killed run; their ids never recur
     started = time.perf_counter()
     from vllm import LLM, SamplingParams
