@@ -59,42 +59,46 @@ def main() -> None:
                "shard_mb": args.shard_mb}
     plain()  # warm-up: kernels, allocator
     capture_only()
-    for name, fn in (("plain_prefill", plain), ("capture_no_store", capture_only), ("plain_prefill_again", plain)):
+
+    def timed(fn) -> float:
         start = time.perf_counter()
         fn()
-        results[name] = {"seconds": time.perf_counter() - start}
-        results[name]["tokens_per_s"] = tokens / results[name]["seconds"]
-    torch.cuda.empty_cache()
+        return tokens / (time.perf_counter() - start)
 
-    for dtype in args.dtypes.split(","):
+    def stage(dtype: str) -> dict:
         out = args.work / f"features-{dtype}"
         shutil.rmtree(out, ignore_errors=True)
         report = capture(CaptureOptions(target=args.target, data=args.data, out=out, dtype=dtype, splits=("train",),
                                         token_budget=args.token_budget, shard_mb=args.shard_mb))
-        results[f"eyas_capture_{dtype}"] = {
-            "seconds": report.capture_seconds,
-            "tokens_per_s": report.tokens_written / report.capture_seconds,
-            "bytes_per_token": report.bytes_written / report.tokens_written,
-            "gib_written": report.bytes_written / 2**30,
-            "write_gib_per_s": report.bytes_written / 2**30 / report.capture_seconds,
-        }
         shutil.rmtree(out, ignore_errors=True)
+        return {"tokens_per_s": report.tokens_written / report.capture_seconds,
+                "bytes_per_token": report.bytes_written / report.tokens_written,
+                "gib_written": report.bytes_written / 2**30}
 
+    # Interleaved: every measured run sits between two plain-prefill runs; its ratio uses their mean,
+    # so drift of the machine (clocks, neighbours) cancels out.
+    runs = [("capture_no_store", lambda: {"tokens_per_s": timed(capture_only)})]
+    runs += [(f"eyas_capture_{d}", lambda d=d: stage(d)) for d in args.dtypes.split(",")]
+    plain_rates = [timed(plain)]
+    for name, fn in runs:
+        results[name] = fn()
+        plain_rates.append(timed(plain))
+        results[name]["plain_tokens_per_s"] = (plain_rates[-2] + plain_rates[-1]) / 2
+        results[name]["ratio"] = results[name]["tokens_per_s"] / results[name]["plain_tokens_per_s"]
+    results["plain_prefill_tokens_per_s"] = plain_rates
     results["disk_write_gib_per_s"] = _disk_speed(args.work)
-    for dtype in args.dtypes.split(","):
-        row = results[f"eyas_capture_{dtype}"]
-        row["disk_ceiling_tokens_per_s"] = results["disk_write_gib_per_s"] * 2**30 / row["bytes_per_token"]
-    base = min(results["plain_prefill"]["tokens_per_s"], results["plain_prefill_again"]["tokens_per_s"])
-    results["baseline_tokens_per_s"] = base
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "capture_store_gpu.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
-    print(f"\n| run ({tokens:,} tokens, {len(batches)} batches) | tokens/s | vs plain prefill | bytes/token |\n|---|---|---|---|")
-    for key in ("plain_prefill", "plain_prefill_again", "capture_no_store", *(f"eyas_capture_{d}" for d in args.dtypes.split(","))):
-        row = results[key]
-        print(f"| {key} | {row['tokens_per_s']:,.0f} | {row['tokens_per_s'] / base:.3f} | {row.get('bytes_per_token', 0):,.0f} |")
+    print(f"\n| run ({tokens:,} tokens, {len(batches)} batches) | tokens/s | plain prefill around it | ratio | bytes/token |"
+          "\n|---|---|---|---|---|")
+    for name, _ in runs:
+        row = results[name]
+        print(f"| {name} | {row['tokens_per_s']:,.0f} | {row['plain_tokens_per_s']:,.0f} | {row['ratio']:.3f} | "
+              f"{row.get('bytes_per_token', 0):,.0f} |")
+    disk = results["disk_write_gib_per_s"] * 2**30
     print(f"disk: {results['disk_write_gib_per_s']:.2f} GiB/s with fsync → ceiling "
-          + ", ".join(f"{d} {results[f'eyas_capture_{d}']['disk_ceiling_tokens_per_s']:,.0f} tok/s" for d in args.dtypes.split(",")))
+          + ", ".join(f"{d} {disk / results[f'eyas_capture_{d}']['bytes_per_token']:,.0f} tok/s" for d in args.dtypes.split(",")))
 
 
 def _disk_speed(work: Path, gib: int = 2) -> float:
