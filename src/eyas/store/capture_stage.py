@@ -149,6 +149,8 @@ def capture(options: CaptureOptions) -> CaptureReport:
             writers.submit(lambda p=path, k=packs: write_shard(p, k), recorder(split, plan, rows))
     report.capture_seconds = time.perf_counter() - loop_started
     _finish(out, manifest, plans, world, rank)
+    if options.engine == "vllm" and rank == 0:
+        shutil.rmtree(out / ".vllm", ignore_errors=True)  # the store is complete: vLLM's raw files are no longer needed
     report.seconds = time.perf_counter() - started
     return report
 

@@ -1,0 +1,41 @@
+"""The capture stage's state source for ``--engine vllm``: packs built from vLLM's per-sample states."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from eyas.errors import EyasError
+from eyas.store.plan import ShardPlan
+from eyas.store.shards import pack_states
+from eyas.store.vllm_engine import capture_with_vllm
+
+WORKDIR = ".vllm"  # inside FEATURES_DIR: vLLM's per-sample files, kept until the store is complete (resume)
+
+
+def vllm_states(options, source: str, layer_ids: tuple[int, ...], num_layers: int, todo, samples):
+    """A function (split, plan) → one Pack per planned batch, fed by one vLLM run over every pending sample."""
+    ordered = [samples[split][i] for split, plan in todo for i in plan.samples]
+    stream: Iterator = capture_with_vllm(
+        ((s.id, s.input_ids) for s in ordered), source, tuple(layer_ids), num_layers, options.vllm_python,
+        options.out / WORKDIR, dtype="auto" if torch.cuda.is_available() else "float32",
+    )
+
+    def states(split: str, plan: ShardPlan):
+        for batch in plan.batches:
+            rows = [samples[split][i] for i in batch]
+            aux, final = [], []
+            for row in rows:
+                sample_id, sample_aux, sample_final = next(stream)
+                if sample_id != row.id:
+                    raise EyasError(f"vLLM returned sample {sample_id!r} where {row.id!r} was expected")
+                aux.append(sample_aux)
+                final.append(sample_final)
+            yield pack_states([r.input_ids for r in rows], [r.loss_mask for r in rows], torch.cat(aux), torch.cat(final),
+                              options.dtype, len(layer_ids))
+
+    return states
+
+
+
