@@ -26,7 +26,6 @@ DEMO_CHAT = [
 DEMO_CONVERSATIONS = 200
 
 NOT_BUILT_YET = [
-    ("eyas capture", "the sharded, resumable feature store"),
     ("eyas train", "the drafter and its training-time-test trainer"),
     ("eyas export / check", "SGLang/vLLM EAGLE-3 format"),
     ("eyas bench / generate", "speculative decoding engine, τ and speedup"),
