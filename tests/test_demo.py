@@ -15,3 +15,4 @@ def test_demo_captures_verifies_prepares_and_lists_missing_stages(tmp_path):
     assert "layer 2: 0, layer 15: 0, layer 27: 0, final: 0 → identical" in out
     assert "not built yet" in out and "eyas train" in out
     assert (tmp_path / "data" / "manifest.json").is_file() and "samples (train / holdout)" in out
+    assert (tmp_path / "features" / "manifest.json").is_file() and "shards written" in out

@@ -2,7 +2,8 @@
 
 It grows with every stage. Today: load the demo target, show its layout and layer ids,
 capture hidden states for a chat and prove the capture taps the tensors transformers itself
-reports, then prepare ShareGPT conversations into DATA_DIR (``<out>/data``).
+reports, then prepare ShareGPT conversations into DATA_DIR (``<out>/data``) and capture the
+holdout split's hidden states into FEATURES_DIR (``<out>/features``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rich.console import Console
 
 from eyas.data.prepare import AlreadyPrepared, PrepareOptions, prepare
 from eyas.data.report import print_prepare_stats
+from eyas.store.capture_stage import CaptureOptions, capture, describe
 from eyas.target import capture_hidden_states, load_target
 from eyas.target.verify import max_abs_diff_vs_hf
 
@@ -69,6 +71,9 @@ def run_demo(console: Console, out: Path) -> None:
         print_prepare_stats(console, prepare(options), options.out)
     except AlreadyPrepared:
         console.print(f"{options.out} is already prepared (delete it to prepare again)")
+    console.rule(f"eyas capture → {out / 'features'} (holdout split; training captures online)")
+    report = capture(CaptureOptions(target="demo", data=out / "data", out=out / "features", splits=("holdout",)))
+    console.print(describe(report), soft_wrap=True, highlight=False)
     console.rule("not built yet")
     for command, what in NOT_BUILT_YET:
         console.print(f"  {command:<22} {what}")
