@@ -26,6 +26,7 @@ DEMO_CHAT = [
 ]
 
 DEMO_CONVERSATIONS = 200
+DEMO_MAX_LENGTH = 512  # keeps the CPU demo's forward passes short
 
 NOT_BUILT_YET = [
     ("eyas train", "the drafter and its training-time-test trainer"),
@@ -66,7 +67,8 @@ def run_demo(console: Console, out: Path) -> None:
         soft_wrap=True,
     )
     console.rule(f"eyas prepare → {out / 'data'}")
-    options = PrepareOptions(target="demo", data=["sharegpt"], out=out / "data", limit=DEMO_CONVERSATIONS)
+    options = PrepareOptions(target="demo", data=["sharegpt"], out=out / "data", limit=DEMO_CONVERSATIONS,
+                             max_length=DEMO_MAX_LENGTH)
     try:
         print_prepare_stats(console, prepare(options), options.out)
     except AlreadyPrepared:
