@@ -1,0 +1,75 @@
+"""The drafter's shape, derived from the target's config (and written into the export's config.json)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class DrafterConfig:
+    """Everything that fixes the drafter's tensors and math."""
+
+    hidden_size: int  # H, the drafter's width
+    target_hidden_size: int  # Ht, the width of each captured target state
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    vocab_size: int  # V, the target's vocabulary (token embedding rows)
+    draft_vocab_size: int  # Vd, the drafter's lm_head rows
+    max_position_embeddings: int
+    rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    layer_ids: list[int] = field(default_factory=list)  # eyas ids of the aux states, low → high
+    hidden_act: str = "silu"
+
+    @property
+    def aux_width(self) -> int:
+        """Width of the concatenated aux states fed to fc: k · Ht."""
+        return len(self.layer_ids) * self.target_hidden_size
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DrafterConfig:
+        """Inverse of :meth:`to_dict` (unknown keys ignored)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    def llama_config(self):
+        """A transformers LlamaConfig with the same attention/MLP/RoPE settings (for RoPE and norms)."""
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size, num_hidden_layers=1,
+            num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps, vocab_size=self.vocab_size, max_position_embeddings=self.max_position_embeddings,
+            rope_parameters=dict(self.rope_parameters), hidden_act=self.hidden_act,
+        )
+
+
+def drafter_config_from_target(target_config, layer_ids, draft_vocab_size: int, hidden_size: int | None = None) -> DrafterConfig:
+    """Attention heads, MLP width, norm epsilon and RoPE (scaling included) follow the target's text config."""
+    from eyas.target.layout import text_config
+
+    cfg = text_config(target_config)
+    target_hidden = int(cfg.hidden_size)
+    hidden = int(hidden_size or target_hidden)
+    heads = int(cfg.num_attention_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or target_hidden // heads)
+    if hidden != target_hidden:  # a narrower drafter keeps the head size, with fewer heads
+        heads = max(1, hidden // head_dim)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    kv_heads = kv_heads if heads % kv_heads == 0 else heads
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    rope.setdefault("rope_type", rope.get("type", "default"))
+    rope.setdefault("rope_theta", float(getattr(cfg, "rope_theta", 10000.0)))
+    intermediate = int(getattr(cfg, "intermediate_size", 4 * hidden))
+    return DrafterConfig(
+        hidden_size=hidden, target_hidden_size=target_hidden, num_attention_heads=heads, num_key_value_heads=min(kv_heads, heads),
+        head_dim=head_dim, intermediate_size=intermediate if hidden == target_hidden else 4 * hidden,
+        rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)), vocab_size=int(cfg.vocab_size),
+        draft_vocab_size=int(draft_vocab_size), max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 4096)),
+        rope_parameters=rope, layer_ids=[int(i) for i in layer_ids],
+    )

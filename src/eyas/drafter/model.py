@@ -1,0 +1,118 @@
+"""The EAGLE-3 drafter module. Parameter names are the export names (DESIGN: "Drafter", "Export contract").
+
+    fc: 3·Ht → H (no bias) on concat(low, mid, high) target states
+    midlayer: input_layernorm(token embedding) ‖ hidden_norm(hidden) → q/k/v (2H wide) → attention
+              → o_proj + residual (the un-normed hidden) → post_attention_layernorm → SwiGLU MLP + residual
+    norm → lm_head: H → Vd
+The layer's pre-norm output is the next step's hidden. The token embedding is the target's, frozen
+(the drafter only owns one when its width differs from the target's).
+
+Attention itself is passed in as a function, because training (training-time test) and drafting
+(a KV cache) see different keys; everything else is shared, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from eyas.drafter.config import DrafterConfig
+
+# attend(q [B, h, n, d], k_new [B, h, n, d], v_new [B, h, n, d]) → [B, h, n, d]; key/value heads already expanded
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class DrafterAttention(nn.Module):
+    """q/k/v read 2H (normed embedding ‖ normed hidden); o_proj writes H."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        width = 2 * config.hidden_size
+        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        q = self.q_proj(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        repeat = self.heads // self.kv_heads
+        if repeat > 1:
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        out = attend(q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, self.heads * self.head_dim))
+
+
+class DrafterLayer(nn.Module):
+    """The single decoder layer (exported as ``midlayer.*``)."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        llama = config.llama_config()
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = DrafterAttention(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(llama)
+
+    def forward(self, embeds, hidden, cos, sin, attend: Attend) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        hidden = hidden + self.self_attn(x, cos, sin, attend)  # residual: the un-normed hidden
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Drafter(nn.Module):
+    """fc + one layer + norm + lm_head over the draft vocabulary, with the target's frozen embedding."""
+
+    def __init__(self, config: DrafterConfig, d2t: torch.Tensor | None = None):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.fc = nn.Linear(config.aux_width, config.hidden_size, bias=False)
+        self.midlayer = DrafterLayer(config)
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.rotary = LlamaRotaryEmbedding(config.llama_config())
+        if d2t is None:
+            d2t = torch.zeros(config.draft_vocab_size, dtype=torch.int64)
+        if len(d2t) != config.draft_vocab_size:
+            raise ValueError(f"d2t has {len(d2t)} entries for a draft vocabulary of {config.draft_vocab_size}")
+        self.register_buffer("d2t", d2t.to(torch.int64), persistent=False)
+        self.embed_tokens.weight.requires_grad_(config.hidden_size != config.target_hidden_size)
+
+    @property
+    def owns_embedding(self) -> bool:
+        """True when H ≠ Ht: the target's embedding cannot be used, the drafter trains its own."""
+        return self.config.hidden_size != self.config.target_hidden_size
+
+    def load_target_embedding(self, weight: torch.Tensor) -> None:
+        """Copy the target's token embedding in (frozen) when the widths match."""
+        if self.owns_embedding:
+            return
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(weight.to(self.embed_tokens.weight.dtype))
+
+    def layer(self, hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """One pass of the layer: returns the pre-norm output (the next step's hidden)."""
+        embeds = self.embed_tokens(token_ids).to(hidden.dtype)
+        cos, sin = self.rotary(hidden, positions)
+        return self.midlayer(embeds, hidden, cos, sin, attend)
+
+    def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of a pre-norm output."""
+        return self.lm_head(self.norm(prenorm))
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Map draft-vocabulary ids to target ids: id + d2t[id]."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Everything but the frozen target embedding."""
+        return [p for p in self.parameters() if p.requires_grad]
