@@ -50,7 +50,9 @@ def step(drafter: Eagle3Drafter, prenorm: torch.Tensor, tokens: torch.Tensor, po
     return drafter.logits(out), out
 
 
-def greedy_chain(drafter: Eagle3Drafter, aux: torch.Tensor, tokens: torch.Tensor, steps: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def greedy_chain(
+    drafter: Eagle3Drafter, aux: torch.Tensor, tokens: torch.Tensor, steps: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Draft ``steps`` tokens greedily after a prefix: aux [B, P, k·Ht] for positions 0..P-1 and the tokens
     after them [B, P]. Returns per step the logits at the drafting position and the drafted target ids."""
     batch, length = tokens.shape
