@@ -33,8 +33,8 @@ from torch import nn
 from eyas.errors import EyasError
 from eyas.io import atomic_path
 from eyas.target.layer_ids import validate_layer_ids
-from eyas.target.layout import discover_layout
-from eyas.target.loading import build_skeleton, load_target_config, resolve_target
+from eyas.target.loading import resolve_target
+from eyas.target.weights import load_final_norm
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 DEFAULT_VLLM_PYTHON = "/work/vllm-venv/bin/python"  # where benchmarks/vllm_env.sh builds the venv
@@ -140,85 +140,6 @@ def split_states(
     with torch.no_grad():
         final = norm(hidden[:, len(tapped) - 1])  # id N is always the last tapped
     return aux, final
-
-
-def load_final_norm(target_source: str, num_layers: int | None = None, trust_remote_code: bool = False) -> nn.Module:
-    """The target's final norm with its checkpoint weights, without loading anything else."""
-    config, source = load_target_config(target_source, trust_remote_code)
-    layout = discover_layout(build_skeleton(config, trust_remote_code))  # meta device: no memory
-    if num_layers is not None and layout.num_layers != num_layers:
-        raise EyasError(f"target {target_source!r} has {layout.num_layers} decoder layers, not {num_layers}")
-    norm = layout.norm
-    wanted = {name: f"{layout.norm_path}.{name}" for name in norm.state_dict()}
-    tensors = _checkpoint_tensors(source, wanted)
-    norm.load_state_dict(tensors, strict=True, assign=True)
-    left = [n for n, t in (*norm.named_parameters(), *norm.named_buffers()) if t.is_meta]
-    if left:
-        raise EyasError(f"the final norm {layout.norm_path} has tensors the checkpoint does not hold: {left}")
-    return norm.eval()
-
-
-def _checkpoint_tensors(source: str, wanted: dict[str, str]) -> dict[str, torch.Tensor]:
-    """Read the tensors named ``wanted`` (local name → module path) from the safetensors checkpoint."""
-    from safetensors import safe_open
-
-    located = _checkpoint_keys(source)
-    out = {}
-    for local, path in wanted.items():
-        key = _match_key(path, located)
-        with safe_open(str(_checkpoint_file(source, located[key])), framework="pt") as f:
-            out[local] = f.get_tensor(key)
-    return out
-
-
-def _checkpoint_keys(source: str) -> dict[str, str]:
-    """Every tensor name of the checkpoint → the file holding it (sharded or single-file)."""
-    from safetensors import safe_open
-
-    index = _checkpoint_file(source, "model.safetensors.index.json", required=False)
-    if index is not None:
-        return dict(json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"])
-    single = _checkpoint_file(source, "model.safetensors", required=False)
-    if single is None:
-        raise EyasError(
-            f"target {source!r} has neither model.safetensors nor model.safetensors.index.json; "
-            "the final norm is read from safetensors checkpoints only"
-        )
-    with safe_open(str(single), framework="pt") as f:
-        return {key: "model.safetensors" for key in f.keys()}
-
-
-def _checkpoint_file(source: str, name: str, required: bool = True) -> Path | None:
-    """A file of the checkpoint: from the directory, or fetched alone from the hub."""
-    if Path(source).is_dir():
-        path = Path(source) / name
-        if path.exists() or not required:
-            return path if path.exists() else None
-        raise EyasError(f"{path} is listed by the checkpoint index but does not exist")
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
-
-    try:
-        return Path(hf_hub_download(source, name))
-    except EntryNotFoundError:
-        if required:
-            raise
-        return None
-
-
-def _match_key(path: str, keys: dict[str, str]) -> str:
-    """The checkpoint name of module tensor ``path``; when the module tree and checkpoint names
-    differ (multimodal wrappers), the one tensor with the same leaf that is not inside a stack."""
-    if path in keys:
-        return path
-    leaf = ".".join(path.split(".")[-2:])  # e.g. "norm.weight"
-    found = [k for k in keys if (k == leaf or k.endswith("." + leaf)) and ".layers." not in k and ".blocks." not in k]
-    if len(found) == 1:
-        return found[0]
-    raise EyasError(
-        f"cannot find the final norm tensor {path!r} in the checkpoint; "
-        + (f"candidates: {found[:10]}" if found else f"no tensor name ends in {leaf!r}")
-    )
 
 
 class _Worker:
