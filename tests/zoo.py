@@ -203,7 +203,7 @@ def save_tiny_target(directory) -> str:
     return str(directory)
 
 
-def write_data_dir(directory, sizes=(("train", 24), ("holdout", 4)), seed: int = 0) -> str:
+def write_data_dir(directory, sizes=(("train", 24), ("holdout", 4)), seed: int = 0, draft_vocab_size: int = 128) -> str:
     """A DATA_DIR with random token ids (as `eyas prepare` would write), lengths 5..60."""
     import json
     from pathlib import Path
@@ -222,5 +222,11 @@ def write_data_dir(directory, sizes=(("train", 24), ("holdout", 4)), seed: int =
             mask = (rng.random(length) < 0.6).astype(np.uint8)
             samples.append(Sample(f"{split}-{i}", ids, mask))
         write_samples(samples, directory / f"{split}.parquet")
+    from eyas.data.samples import read_samples
+    from eyas.data.vocab import build_draft_vocab, count_masked_tokens, save_vocab
+
+    train = read_samples(directory / "train.parquet")
+    counts = count_masked_tokens(((s.input_ids, s.loss_mask) for s in train), VOCAB)
+    save_vocab(build_draft_vocab(counts, draft_vocab_size), directory / "vocab.safetensors")
     (directory / "manifest.json").write_text(json.dumps({"format": "eyas-data/1", "seed": seed}))
     return str(directory)

@@ -169,6 +169,51 @@ def capture(
 
 
 @app.command()
+def train(
+    target: str = typer.Option(..., "--target", help="the target the drafter serves"),
+    out: Path = typer.Option(..., "--out", help="RUN_DIR: checkpoints, metrics.jsonl, tensorboard/, final/"),
+    features: Path | None = typer.Option(None, "--features", help="FEATURES_DIR from eyas capture (offline training)"),
+    data: Path | None = typer.Option(None, "--data", help="DATA_DIR from eyas prepare (with --online)"),
+    online: bool = typer.Option(False, "--online", help="run the target in this process: nothing is written to disk"),
+    resume: bool = typer.Option(False, "--resume", help="continue RUN_DIR from its latest checkpoint"),
+    ttt_steps: int = typer.Option(7, help="training-time-test steps K"),
+    step_decay: float = typer.Option(0.8, help="weight of step k's loss is decay^k"),
+    lr: float = typer.Option(1e-4, help="peak learning rate (AdamW, betas 0.9/0.95)"),
+    epochs: float = typer.Option(1.0, help="passes over the training split"),
+    max_steps: int | None = typer.Option(None, help="stop after this many optimizer steps"),
+    token_budget: int = typer.Option(8192, help="tokens per micro-batch, padding included"),
+    grad_accum: int = typer.Option(1, help="micro-batches per optimizer step"),
+    warmup_ratio: float = typer.Option(0.015, help="share of steps with linear warm-up (then cosine)"),
+    clip: float = typer.Option(0.5, help="gradient-norm clip"),
+    checkpoint_every: int = typer.Option(500, help="optimizer steps between checkpoints (and holdout evaluations)"),
+    eval_batches: int | None = typer.Option(50, help="holdout batches per evaluation (all if not given)"),
+    seed: int = typer.Option(0),
+    hidden_size: int | None = typer.Option(None, help="drafter width (default: the target's)"),
+    layer_ids: str | None = typer.Option(None, "--layer-ids", help="online only: eyas layer ids (default 2, N//2, N-3)"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+) -> None:
+    """Train an EAGLE-3 drafter with training-time test, from FEATURES_DIR or online from DATA_DIR."""
+    from eyas.target.layer_ids import parse_layer_ids
+    from eyas.train.trainer import TrainOptions
+    from eyas.train.trainer import train as run_train
+
+    options = TrainOptions(
+        target=target, out=out, features=features, data=data, online=online, resume=resume, ttt_steps=ttt_steps,
+        step_decay=step_decay, lr=lr, epochs=epochs, max_steps=max_steps, token_budget=token_budget, grad_accum=grad_accum,
+        warmup_ratio=warmup_ratio, clip=clip, checkpoint_every=checkpoint_every, eval_batches=eval_batches, seed=seed,
+        hidden_size=hidden_size, layer_ids=parse_layer_ids(layer_ids) if layer_ids else None, trust_remote_code=trust_remote_code,
+    )
+    with _user_errors():
+        report = run_train(options)
+    first, last = report.initial_eval, report.final_eval
+    console.print(f"trained {report.steps} steps ({report.tokens:,} tokens) in {report.seconds:.1f} s → {out}/final", soft_wrap=True)
+    if first and last:
+        console.print(f"holdout: loss {first['loss']:.3f} → {last['loss']:.3f}; step-0 acceptance "
+                      f"{first['acceptance_cumulative'][0]:.3f} → {last['acceptance_cumulative'][0]:.3f}; "
+                      f"simulated τ {first['tau']:.2f} → {last['tau']:.2f}", soft_wrap=True)
+
+
+@app.command()
 def demo(
     out: Path = typer.Option(Path("eyas-demo"), "--out", help="where the demo writes its stage directories"),
 ) -> None:

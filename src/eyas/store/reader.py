@@ -40,6 +40,15 @@ class FeatureStore:
         return len(self._index)
 
     @property
+    def lengths(self) -> list[int]:
+        """Tokens of each sample, in store order (from the shards' offsets, no state is read)."""
+        out = []
+        for k in range(len(self.shards)):
+            self._handle(k)
+            out.extend((self._offsets[k][1:] - self._offsets[k][:-1]).tolist())
+        return out
+
+    @property
     def sample_ids(self) -> list[str]:
         """Ids in store order."""
         return [s for shard in self.shards for s in shard.sample_ids]

@@ -1,0 +1,1 @@
+"""Training the drafter: data sources (offline store / online target), loop, checkpoints, evaluation."""

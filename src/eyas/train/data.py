@@ -1,0 +1,131 @@
+"""Training batches, offline (from FEATURES_DIR) or online (the target computes them on the fly).
+
+Both sources cut the same samples into the same batches — length-sorted, packed to a token budget
+(padding counted), each sample its own row so no sample attends to another — and both yield
+the same tensors: ``aux`` [B, T, k·Ht], ``final`` [B, T, Ht], ``input_ids``, ``loss_mask``, ``valid``
+[B, T]. The order of batches is a permutation fixed by (seed, epoch), so a resumed run sees
+exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eyas.store.plan import plan_shards
+
+
+@dataclass
+class Batch:
+    """One training batch on the training device."""
+
+    aux: torch.Tensor
+    final: torch.Tensor
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    valid: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        """Real tokens in the batch."""
+        return int(self.valid.sum())
+
+
+def plan_batches(lengths: list[int], token_budget: int, max_batch: int = 64) -> list[tuple[int, ...]]:
+    """Length-sorted batches of sample positions within the token budget (the capture plan's rule)."""
+    return [batch for shard in plan_shards(lengths, token_budget, max_batch, 1 << 62) for batch in shard.batches]
+
+
+def epoch_order(batches: int, seed: int, epoch: int) -> list[int]:
+    """The batch order of one epoch: a permutation fixed by (seed, epoch)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(batches, generator=generator).tolist()
+
+
+def _pad(rows: list[np.ndarray], dtype) -> torch.Tensor:
+    longest = max(len(r) for r in rows)
+    out = torch.zeros(len(rows), longest, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
+    return out
+
+
+def _pad_states(rows: list[torch.Tensor]) -> torch.Tensor:
+    longest = max(r.shape[0] for r in rows)
+    out = torch.zeros(len(rows), longest, rows[0].shape[-1], dtype=rows[0].dtype)
+    for i, row in enumerate(rows):
+        out[i, : row.shape[0]] = row
+    return out
+
+
+class OfflineSource:
+    """Batches read from a feature store (memory-mapped shards)."""
+
+    def __init__(self, features: Path, split: str, token_budget: int, device: torch.device, dtype: torch.dtype):
+        from eyas.store.reader import FeatureStore
+
+        self.store = FeatureStore(features, split, dtype=dtype)
+        self.device, self.dtype = device, dtype
+        ids = self.store.sample_ids
+        lengths = self.store.lengths
+        # Canonical order (by sample id) before planning: the online source plans the same batches.
+        canonical = sorted(range(len(ids)), key=ids.__getitem__)
+        self.ids = [ids[i] for i in canonical]
+        self.batches = [tuple(canonical[j] for j in batch) for batch in plan_batches([lengths[i] for i in canonical], token_budget)]
+
+    def batch(self, index: int) -> Batch:
+        """Batch ``index`` of the plan."""
+        items = [self.store[i] for i in self.batches[index]]
+        valid = _pad([np.ones(len(x["input_ids"]), dtype=bool) for x in items], torch.bool)
+        return Batch(
+            aux=_pad_states([x["aux"] for x in items]).to(self.device, self.dtype),
+            final=_pad_states([x["final"] for x in items]).to(self.device, self.dtype),
+            input_ids=_pad([x["input_ids"].numpy() for x in items], torch.long).to(self.device),
+            loss_mask=_pad([x["loss_mask"].numpy() for x in items], torch.uint8).to(self.device),
+            valid=valid.to(self.device),
+        )
+
+
+class OnlineSource:
+    """Batches whose target states are captured now, in this process: nothing touches the disk."""
+
+    def __init__(self, target, data_dir: Path, split: str, layer_ids, token_budget: int, device, dtype):
+        from eyas.data.samples import read_samples
+
+        self.target, self.layer_ids = target, tuple(layer_ids)
+        self.samples = sorted(read_samples(Path(data_dir) / f"{split}.parquet"), key=lambda s: s.id)  # canonical order
+        self.ids = [s.id for s in self.samples]
+        self.device, self.dtype = device, dtype
+        self.batches = plan_batches([len(s.input_ids) for s in self.samples], token_budget)
+
+    def batch(self, index: int) -> Batch:
+        """Batch ``index`` of the plan, with states captured by the live target."""
+        from eyas.target import capture_hidden_states
+
+        rows = [self.samples[i] for i in self.batches[index]]
+        input_ids = _pad([r.input_ids for r in rows], torch.long)
+        valid = _pad([np.ones(len(r.input_ids), dtype=bool) for r in rows], torch.bool)
+        captured = capture_hidden_states(self.target.model, self.target.layout, input_ids, attention_mask=valid.long(),
+                                         layer_ids=self.layer_ids, offload=False)
+        return Batch(
+            aux=captured.aux.to(self.device, self.dtype),
+            final=captured.final.to(self.device, self.dtype),
+            input_ids=input_ids.to(self.device),
+            loss_mask=_pad([r.loss_mask for r in rows], torch.uint8).to(self.device),
+            valid=valid.to(self.device),
+        )
+
+
+def batches_forever(source, seed: int, start_epoch: int = 0, start_index: int = 0) -> Iterator[tuple[int, int, Batch]]:
+    """(epoch, position in epoch, batch) from a data position onwards, epoch after epoch."""
+    epoch, index = start_epoch, start_index
+    while True:
+        order = epoch_order(len(source.batches), seed, epoch)
+        while index < len(order):
+            yield epoch, index, source.batch(order[index])
+            index += 1
+        epoch, index = epoch + 1, 0

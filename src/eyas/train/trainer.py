@@ -1,0 +1,280 @@
+"""``eyas train``: the drafter, trained with training-time test, offline or online, resumable.
+
+One loop: a batch (from FEATURES_DIR, or captured now by the target) → the target's teacher
+distribution from its final hidden → K TTT steps → Σ_k decay^k · loss_k → AdamW (β 0.9/0.95,
+clip 0.5, linear warm-up then cosine) → metrics, checkpoints, holdout evaluation. bf16 autocast
+with fp32 master weights on GPU, fp32 on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from eyas.drafter.config import DrafterConfig, drafter_config_from_target
+from eyas.drafter.loss import step_loss, target_signal
+from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.ttt import ttt_steps
+from eyas.errors import EyasError
+from eyas.io import write_json_atomic
+from eyas.progress import progress_bar
+from eyas.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from eyas.train.data import OfflineSource, OnlineSource, batches_forever
+from eyas.train.evaluate import evaluate
+
+
+@dataclass
+class TrainOptions:
+    """Everything ``eyas train`` takes; defaults are the documented ones."""
+
+    target: str
+    out: Path
+    features: Path | None = None
+    data: Path | None = None
+    online: bool = False
+    ttt_steps: int = 7
+    step_decay: float = 0.8
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.015
+    clip: float = 0.5
+    epochs: float = 1.0
+    max_steps: int | None = None
+    token_budget: int = 8192
+    grad_accum: int = 1
+    checkpoint_every: int = 500
+    eval_batches: int | None = 50
+    keep: int = 3
+    seed: int = 0
+    resume: bool = False
+    hidden_size: int | None = None
+    layer_ids: tuple[int, ...] | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class TrainReport:
+    """What a run ended with."""
+
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    resumed_from: int | None = None
+    final_eval: dict = field(default_factory=dict)
+    initial_eval: dict = field(default_factory=dict)
+
+
+def train(options: TrainOptions) -> TrainReport:
+    """Run (or resume) training; returns the report, also written to RUN_DIR/report.json."""
+    torch.manual_seed(options.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
+    out = Path(options.out)
+    setup = _setup(options, device)
+    drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
+    micro_per_epoch = len(source.batches)
+    total_steps = options.max_steps or max(1, math.ceil(options.epochs * micro_per_epoch / options.grad_accum))
+    optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas,
+                                  weight_decay=options.weight_decay)
+    warmup = max(1, round(options.warmup_ratio * total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, warmup, total_steps))
+    weights = [options.step_decay**k for k in range(options.ttt_steps)]
+
+    report = TrainReport()
+    step, epoch, index = 0, 0, 0
+    latest = latest_checkpoint(out)
+    if latest is not None and not options.resume:
+        raise EyasError(f"{out} already holds a run (checkpoint {latest.name}); pass --resume to continue it, or use another --out")
+    if latest is not None:
+        state = load_checkpoint(latest, drafter, optimizer, scheduler)
+        step, epoch, index = state["step"], state["position"]["epoch"], state["position"]["index"]
+        report.resumed_from = step
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "drafter_config.json").write_text(json.dumps(drafter.config.to_dict(), indent=2))
+    (out / "train_options.json").write_text(json.dumps(_jsonable(asdict(options)), indent=2))
+    metrics = _Metrics(out, keep_up_to=step)
+    if step == 0 and holdout is not None:
+        report.initial_eval = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches, autocast)
+        metrics.write({"step": 0, "eval": report.initial_eval})
+
+    started = time.perf_counter()
+    drafter.train()
+    stream = batches_forever(source, options.seed, epoch, index)
+    with progress_bar("train", total=total_steps, unit="step") as bar:
+        bar(step)
+        while step < total_steps:
+            losses = torch.zeros(options.ttt_steps)
+            correct, counted, tokens = torch.zeros(options.ttt_steps), torch.zeros(options.ttt_steps), 0
+            for _ in range(options.grad_accum):
+                epoch, index, batch = next(stream)
+                signal = target_signal(batch.final, head, draft_ids)
+                total = 0.0
+                with autocast():
+                    for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, batch.valid, options.ttt_steps)):
+                        result = step_loss(logits, signal, batch.loss_mask, k)
+                        total = total + weights[k] * result.loss
+                        losses[k] += float(result.loss.detach()) / options.grad_accum
+                        correct[k] += float(result.correct)
+                        counted[k] += float(result.count)
+                (total / options.grad_accum).backward()
+                tokens += batch.tokens
+            grad_norm = torch.nn.utils.clip_grad_norm_(drafter.trainable_parameters(), options.clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            report.tokens += tokens
+            accuracy = (correct / counted.clamp(min=1)).tolist()
+            record = {"step": step, "epoch": epoch, "loss": float((losses * torch.tensor(weights)).sum()),
+                      "step_loss": losses.tolist(), "accuracy": accuracy, "lr": scheduler.get_last_lr()[0],
+                      "grad_norm": float(grad_norm), "tokens": tokens,
+                      "tokens_per_s": report.tokens / max(time.perf_counter() - started, 1e-9)}
+            if step % options.checkpoint_every == 0 or step == total_steps:
+                if holdout is not None:
+                    record["eval"] = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches,
+                                              autocast)
+            metrics.write(record)  # before the checkpoint: a resume drops lines newer than its checkpoint
+            if "eval" in record or step % options.checkpoint_every == 0 or step == total_steps:
+                save_checkpoint(out, step, drafter, optimizer, scheduler, {"epoch": epoch, "index": index + 1},
+                                {"drafter_config": drafter.config.to_dict(), "record": record}, options.keep)
+            bar(1)
+            bar.note(f"loss {record['loss']:.3f} acc₀ {accuracy[0]:.3f} {record['tokens_per_s']:,.0f} tok/s")
+    metrics.close()
+    report.steps = step
+    report.seconds = time.perf_counter() - started
+    report.final_eval = record.get("eval", {}) if step else {}
+    _write_final(out, drafter)
+    write_json_atomic(out / "report.json", asdict(report))
+    return report
+
+
+def _lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to zero at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _setup(options: TrainOptions, device: torch.device) -> dict:
+    """Data sources, teacher (target lm_head rows), draft vocabulary and the drafter."""
+    from eyas.data.vocab import load_vocab
+    from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
+    from eyas.target.loading import load_target_config
+
+    dtype = torch.float32  # master weights and batch states; autocast handles bf16 on GPU
+    config, _ = load_target_config(options.target, options.trust_remote_code)
+    if options.online:
+        if options.data is None:
+            raise EyasError("--online trains from DATA_DIR: give --data DATA_DIR")
+        from eyas.target import load_target
+
+        target = load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
+        layer_ids = validate_layer_ids(options.layer_ids or default_layer_ids(target.layout.num_layers), target.layout.num_layers)
+        data_dir = Path(options.data)
+        source = OnlineSource(target, data_dir, "train", layer_ids, options.token_budget, device, dtype)
+        holdout = OnlineSource(target, data_dir, "holdout", layer_ids, options.token_budget, device, dtype) \
+            if (data_dir / "holdout.parquet").is_file() else None
+        head = target.layout.lm_head.weight.detach()
+        embed = target.layout.embed.weight.detach()
+    else:
+        if options.features is None:
+            raise EyasError("give --features FEATURES_DIR (offline) or --data DATA_DIR --online")
+        from eyas.store.reader import FeatureStore
+        from eyas.target.weights import head_and_embedding
+
+        store = FeatureStore(options.features, "train")
+        layer_ids = tuple(store.manifest.layer_ids)
+        data_dir = Path(store.manifest.data["path"])
+        source = OfflineSource(options.features, "train", options.token_budget, device, dtype)
+        holdout = OfflineSource(options.features, "holdout", options.token_budget, device, dtype) \
+            if "holdout" in store.manifest.options["splits"] else None
+        head, embed = head_and_embedding(options.target, options.trust_remote_code)
+    if not source.batches:
+        raise EyasError("the training split is empty")
+    vocab_path = data_dir / "vocab.safetensors"
+    if not vocab_path.is_file():
+        raise EyasError(f"{vocab_path} is missing: the draft vocabulary comes from eyas prepare's DATA_DIR")
+    vocab = load_vocab(vocab_path)
+    draft_ids = vocab.draft_ids.to(device)
+    drafter_config = drafter_config_from_target(config, layer_ids, len(vocab.d2t), options.hidden_size)
+    drafter = _new_drafter(drafter_config, vocab.d2t, head, embed, draft_ids, options.seed).to(device)
+    return {"drafter": drafter, "source": source, "holdout": holdout, "head": head.to(device, torch.float32),
+            "draft_ids": draft_ids}
+
+
+def _new_drafter(config: DrafterConfig, d2t, head, embed, draft_ids, seed: int) -> Eagle3Drafter:
+    torch.manual_seed(seed)
+    drafter = Eagle3Drafter(config, d2t=d2t)
+    drafter.load_target_embedding(embed)
+    if config.hidden_size == config.target_hidden_size:
+        # Warm start: the target's own lm_head rows of the draft vocabulary read the same space.
+        with torch.no_grad():
+            drafter.lm_head.weight.copy_(head[draft_ids.cpu()].float())
+    return drafter
+
+
+def _write_final(out: Path, drafter: Eagle3Drafter) -> None:
+    from safetensors.torch import save_file
+
+    from eyas.io import atomic_path
+    from eyas.train.checkpoint import drafter_tensors
+
+    final = out / "final"
+    final.mkdir(exist_ok=True)
+    with atomic_path(final / "model.safetensors") as tmp:
+        save_file(drafter_tensors(drafter), str(tmp))
+    write_json_atomic(final / "drafter_config.json", drafter.config.to_dict())
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value) if isinstance(value, Path) else value
+
+
+class _Metrics:
+    """metrics.jsonl (one JSON line per step) and TensorBoard scalars."""
+
+    def __init__(self, out: Path, keep_up_to: int):
+        path = out / "metrics.jsonl"
+        if path.is_file():  # a resumed run: drop what the killed run logged after its last checkpoint
+            lines = [line for line in path.read_text(encoding="utf-8").splitlines()
+                     if line.strip() and json.loads(line)["step"] <= keep_up_to]
+            path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        self.file = open(path, "a", encoding="utf-8")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.board = SummaryWriter(str(out / "tensorboard"))
+        except Exception:  # noqa: BLE001 — TensorBoard is a convenience; metrics.jsonl is the record
+            self.board = None
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.board is None:
+            return
+        step = record["step"]
+        for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
+            if key in record:
+                self.board.add_scalar(f"train/{key}", record[key], step)
+        for k, acc in enumerate(record.get("accuracy", [])):
+            self.board.add_scalar(f"train/accuracy_step{k}", acc, step)
+        for key in ("loss", "tau"):
+            if key in record.get("eval", {}):
+                self.board.add_scalar(f"eval/{key}", record["eval"][key], step)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.board is not None:
+            self.board.close()

@@ -1,0 +1,98 @@
+"""The trainer: killed and resumed ends with the same weights; online equals offline; it learns."""
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import zoo
+from eyas.errors import EyasError
+from eyas.store.capture_stage import CaptureOptions, capture
+from eyas.train.trainer import TrainOptions, train
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    target = zoo.save_tiny_target(root / "target")
+    data = zoo.write_data_dir(root / "data", sizes=(("train", 32), ("holdout", 6)))
+    capture(CaptureOptions(target=target, data=Path(data), out=root / "features", dtype="fp32", token_budget=200, max_batch=4))
+    return target, Path(data), root / "features"
+
+
+def opts(target, out, **overrides):
+    base = dict(target=target, out=Path(out), max_steps=6, token_budget=256, checkpoint_every=2, lr=1e-3, ttt_steps=3,
+                eval_batches=2)
+    return TrainOptions(**{**base, **overrides})
+
+
+KILL_AFTER_CHECKPOINT = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    import eyas.train.trainer as trainer
+    target, features, out = sys.argv[1:4]
+    real = trainer.save_checkpoint
+
+    def save_then_die(run_dir, step, *args, **kwargs):
+        path = real(run_dir, step, *args, **kwargs)
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return path
+
+    trainer.save_checkpoint = save_then_die
+    trainer.train(trainer.TrainOptions(target=target, out=Path(out), features=Path(features), max_steps=6, token_budget=256,
+                                       checkpoint_every=2, lr=1e-3, ttt_steps=3, eval_batches=2))
+""")
+
+
+def test_killed_and_resumed_run_ends_with_the_same_weights(setup, tmp_path):
+    target, _, features = setup
+    clean = train(opts(target, tmp_path / "clean", features=features))
+    assert clean.steps == 6
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_AFTER_CHECKPOINT)
+    killed = subprocess.run([sys.executable, str(script), target, str(features), str(tmp_path / "resumed")],
+                            capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    with pytest.raises(EyasError, match="--resume"):
+        train(opts(target, tmp_path / "resumed", features=features))
+    resumed = train(opts(target, tmp_path / "resumed", features=features, resume=True))
+    assert resumed.resumed_from == 4 and resumed.steps == 6
+    a = load_file(tmp_path / "clean" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "resumed" / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and "midlayer.self_attn.q_proj.weight" in a and "embed_tokens.weight" not in a
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4, 5, 6]  # what the killed run logged after its checkpoint is not repeated
+
+
+def test_online_training_equals_offline(setup, tmp_path):
+    target, data, features = setup
+    offline = train(opts(target, tmp_path / "off", features=features, max_steps=4, checkpoint_every=4))
+    online = train(opts(target, tmp_path / "on", data=data, online=True, max_steps=4, checkpoint_every=4))
+    read = lambda run: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    for a, b in zip(read(tmp_path / "off")[1:], read(tmp_path / "on")[1:], strict=True):
+        assert a["step"] == b["step"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    a = load_file(tmp_path / "off" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "on" / "final" / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+    assert offline.final_eval["loss"] == pytest.approx(online.final_eval["loss"], rel=1e-5)
+
+
+def test_learning_lowers_holdout_loss_and_lifts_step0_acceptance(setup, tmp_path):
+    target, _, features = setup
+    report = train(opts(target, tmp_path / "learn", features=features, max_steps=40, checkpoint_every=40, lr=3e-3,
+                        eval_batches=None))
+    first, last = report.initial_eval, report.final_eval
+    assert last["loss"] < first["loss"]
+    assert last["acceptance_cumulative"][0] > first["acceptance_cumulative"][0]
+    assert last["tau"] == pytest.approx(1 + sum(last["acceptance_cumulative"]))
