@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from eyas.data.samples import read_samples
+from eyas.distributed import barrier, init_distributed
 from eyas.errors import EyasError
 from eyas.progress import progress_bar
 from eyas.store.async_writer import ShardWriterPool
@@ -82,7 +83,7 @@ def capture(options: CaptureOptions) -> CaptureReport:
         raise EyasError(f"--dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
     if options.engine not in ("hf", "vllm"):
         raise EyasError(f"--engine must be 'hf' or 'vllm', not {options.engine!r}")
-    rank, world, device = _init_distributed()
+    rank, world, device = init_distributed()
     report = CaptureReport(rank=rank, world_size=world)
     out = Path(options.out)
     config, source = load_target_config(options.target, options.trust_remote_code)
@@ -155,29 +156,6 @@ def capture(options: CaptureOptions) -> CaptureReport:
     return report
 
 
-def _init_distributed() -> tuple[int, int, torch.device]:
-    """Rank, world size and device; joins the process group when launched by torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    cuda = torch.cuda.is_available()
-    if world == 1:
-        return 0, 1, torch.device("cuda" if cuda else "cpu")
-    import torch.distributed as dist
-
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if cuda:
-        torch.cuda.set_device(local)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
-    return dist.get_rank(), dist.get_world_size(), torch.device(f"cuda:{local}" if cuda else "cpu")
-
-
-def _barrier(world: int) -> None:
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
 def _load_samples(data_dir: Path, splits) -> dict:
     if not (data_dir / "manifest.json").is_file():
         raise EyasError(f"{data_dir} is not a DATA_DIR (no manifest.json); run eyas prepare first")
@@ -200,7 +178,7 @@ def _resume_state(out: Path, manifest: StoreManifest, force: bool, rank: int) ->
             for path in [*out.glob("*.safetensors"), *partials, final]:
                 path.unlink(missing_ok=True)
         existing = []
-    _barrier(int(os.environ.get("WORLD_SIZE", "1")))
+    barrier()
     for old in existing:
         if old.identity() != manifest.identity():
             changed = [k for k, v in manifest.identity().items() if old.identity().get(k) != v]
@@ -281,7 +259,7 @@ def _state_source(options, source, layer_ids, device, num_layers, todo, samples)
 
 def _finish(out: Path, manifest: StoreManifest, plans: dict, world: int, rank: int) -> None:
     """Rank 0 merges the partial manifests into manifest.json once every rank is done."""
-    _barrier(world)
+    barrier()
     if rank != 0:
         return
     partials = sorted(out.glob("manifest.rank*.json"))

@@ -120,12 +120,13 @@ class OnlineSource:
         )
 
 
-def batches_forever(source, seed: int, start_epoch: int = 0, start_index: int = 0) -> Iterator[tuple[int, int, Batch]]:
-    """(epoch, position in epoch, batch) from a data position onwards, epoch after epoch."""
+def batches_forever(source, seed: int, start_epoch: int = 0, start_index: int = 0) -> Iterator[tuple[int, int, int]]:
+    """(epoch, position in epoch, batch index) from a data position onwards, epoch after epoch.
+    Batches are not loaded here: under torchrun each rank loads only its own."""
     epoch, index = start_epoch, start_index
     while True:
         order = epoch_order(len(source.batches), seed, epoch)
         while index < len(order):
-            yield epoch, index, source.batch(order[index])
+            yield epoch, index, order[index]
             index += 1
         epoch, index = epoch + 1, 0

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from eyas.distributed import all_reduce_sum, barrier, init_distributed
 from eyas.drafter.config import DrafterConfig, drafter_config_from_target
 from eyas.drafter.loss import step_loss, target_signal
 from eyas.drafter.model import Eagle3Drafter
@@ -74,13 +75,15 @@ class TrainReport:
 def train(options: TrainOptions) -> TrainReport:
     """Run (or resume) training; returns the report, also written to RUN_DIR/report.json."""
     torch.manual_seed(options.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rank, world, device = init_distributed()
+    lead = rank == 0  # rank 0 evaluates, logs and writes checkpoints
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
     out = Path(options.out)
     setup = _setup(options, device)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
     micro_per_epoch = len(source.batches)
-    total_steps = options.max_steps or max(1, math.ceil(options.epochs * micro_per_epoch / options.grad_accum))
+    per_step = options.grad_accum * world  # micro-batches per optimizer step, over all ranks
+    total_steps = options.max_steps or max(1, math.ceil(options.epochs * micro_per_epoch / per_step))
     optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas,
                                   weight_decay=options.weight_decay)
     warmup = max(1, round(options.warmup_ratio * total_steps))
@@ -96,24 +99,29 @@ def train(options: TrainOptions) -> TrainReport:
         state = load_checkpoint(latest, drafter, optimizer, scheduler)
         step, epoch, index = state["step"], state["position"]["epoch"], state["position"]["index"]
         report.resumed_from = step
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "drafter_config.json").write_text(json.dumps(drafter.config.to_dict(), indent=2))
-    (out / "train_options.json").write_text(json.dumps(_jsonable(asdict(options)), indent=2))
-    metrics = _Metrics(out, keep_up_to=step)
-    if step == 0 and holdout is not None:
+    barrier()  # every rank has read the checkpoint before rank 0 may write a new one
+    if lead:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "drafter_config.json").write_text(json.dumps(drafter.config.to_dict(), indent=2))
+        (out / "train_options.json").write_text(json.dumps(_jsonable(asdict(options)), indent=2))
+    metrics = _Metrics(out, keep_up_to=step) if lead else None
+    if step == 0 and holdout is not None and lead:
         report.initial_eval = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches, autocast)
         metrics.write({"step": 0, "eval": report.initial_eval})
 
     started = time.perf_counter()
     drafter.train()
     stream = batches_forever(source, options.seed, epoch, index)
-    with progress_bar("train", total=total_steps, unit="step") as bar:
+    with progress_bar("train" if world == 1 else f"train (rank {rank}/{world})", total=total_steps, unit="step") as bar:
         bar(step)
         while step < total_steps:
             losses = torch.zeros(options.ttt_steps)
             correct, counted, tokens = torch.zeros(options.ttt_steps), torch.zeros(options.ttt_steps), 0
-            for _ in range(options.grad_accum):
-                epoch, index, batch = next(stream)
+            global_items = [next(stream) for _ in range(per_step)]  # every rank walks the same global order
+            epoch, index = global_items[-1][0], global_items[-1][1]  # data position after this step
+            mine = global_items[rank::world]
+            for _, _, batch_index in mine:
+                batch = source.batch(batch_index)
                 signal = target_signal(batch.final, head, draft_ids)
                 total = 0.0
                 with autocast():
@@ -125,6 +133,13 @@ def train(options: TrainOptions) -> TrainReport:
                         counted[k] += float(result.count)
                 (total / options.grad_accum).backward()
                 tokens += batch.tokens
+            if world > 1:  # average gradients over ranks: the same as one process accumulating them all
+                for param in drafter.trainable_parameters():
+                    all_reduce_sum(param.grad).div_(world)
+                for tally in (losses, correct, counted):
+                    all_reduce_sum(tally)
+                losses /= world
+                tokens = int(all_reduce_sum(torch.tensor(tokens)))
             grad_norm = torch.nn.utils.clip_grad_norm_(drafter.trainable_parameters(), options.clip)
             optimizer.step()
             scheduler.step()
@@ -136,22 +151,27 @@ def train(options: TrainOptions) -> TrainReport:
                       "step_loss": losses.tolist(), "accuracy": accuracy, "lr": scheduler.get_last_lr()[0],
                       "grad_norm": float(grad_norm), "tokens": tokens,
                       "tokens_per_s": report.tokens / max(time.perf_counter() - started, 1e-9)}
-            if step % options.checkpoint_every == 0 or step == total_steps:
-                if holdout is not None:
+            checkpoint = step % options.checkpoint_every == 0 or step == total_steps
+            if lead:
+                if checkpoint and holdout is not None:
                     record["eval"] = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches,
                                               autocast)
-            metrics.write(record)  # before the checkpoint: a resume drops lines newer than its checkpoint
-            if "eval" in record or step % options.checkpoint_every == 0 or step == total_steps:
-                save_checkpoint(out, step, drafter, optimizer, scheduler, {"epoch": epoch, "index": index + 1},
-                                {"drafter_config": drafter.config.to_dict(), "record": record}, options.keep)
+                metrics.write(record)  # before the checkpoint: a resume drops lines newer than its checkpoint
+                if checkpoint:
+                    save_checkpoint(out, step, drafter, optimizer, scheduler, {"epoch": epoch, "index": index + 1},
+                                    {"drafter_config": drafter.config.to_dict(), "record": record}, options.keep)
+            if checkpoint:
+                barrier()
             bar(1)
             bar.note(f"loss {record['loss']:.3f} acc₀ {accuracy[0]:.3f} {record['tokens_per_s']:,.0f} tok/s")
-    metrics.close()
     report.steps = step
     report.seconds = time.perf_counter() - started
-    report.final_eval = record.get("eval", {}) if step else {}
-    _write_final(out, drafter)
-    write_json_atomic(out / "report.json", asdict(report))
+    report.final_eval = record.get("eval", {}) if step and lead else {}
+    if lead:
+        metrics.close()
+        _write_final(out, drafter)
+        write_json_atomic(out / "report.json", asdict(report))
+    barrier()
     return report
 
 

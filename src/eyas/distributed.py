@@ -1,0 +1,52 @@
+"""torchrun support shared by the stages: join the process group, rank/world, barriers, reductions.
+
+Launched by ``torchrun`` (``WORLD_SIZE`` > 1) a stage joins the default process group — NCCL when
+CUDA is present (one GPU per local rank), gloo on CPU. A plain launch is a world of one and none of
+these calls communicate.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """(rank, world size, this rank's device); joins the process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available()
+    if world == 1:
+        return 0, 1, torch.device("cuda" if cuda else "cpu")
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return dist.get_rank(), dist.get_world_size(), torch.device(f"cuda:{local}" if cuda else "cpu")
+
+
+def world_size() -> int:
+    """Processes in the job (1 without torchrun)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op in a world of one)."""
+    if world_size() > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over ranks in place (no-op in a world of one); returns it."""
+    if world_size() > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor)
+    return tensor
