@@ -3,7 +3,8 @@
 It grows with every stage. Today: load the demo target, show its layout and layer ids,
 capture hidden states for a chat and prove the capture taps the tensors transformers itself
 reports, then prepare ShareGPT conversations into DATA_DIR (``<out>/data``) and capture the
-holdout split's hidden states into FEATURES_DIR (``<out>/features``).
+holdout split's hidden states into FEATURES_DIR (``<out>/features``), and train a drafter online
+for a few steps into RUN_DIR (``<out>/run``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from eyas.data.report import print_prepare_stats
 from eyas.store.capture_stage import CaptureOptions, capture, describe
 from eyas.target import capture_hidden_states, load_target
 from eyas.target.verify import max_abs_diff_vs_hf
+from eyas.train.checkpoint import latest_checkpoint
+from eyas.train.trainer import TrainOptions, train
 
 DEMO_CHAT = [
     {"role": "system", "content": "You are a concise assistant."},
@@ -27,9 +30,9 @@ DEMO_CHAT = [
 
 DEMO_CONVERSATIONS = 200
 DEMO_MAX_LENGTH = 512  # keeps the CPU demo's forward passes short
+DEMO_TRAIN_STEPS = 3
 
 NOT_BUILT_YET = [
-    ("eyas train", "the drafter and its training-time-test trainer"),
     ("eyas export / check", "SGLang/vLLM EAGLE-3 format"),
     ("eyas bench / generate", "speculative decoding engine, τ and speedup"),
 ]
@@ -76,6 +79,16 @@ def run_demo(console: Console, out: Path) -> None:
     console.rule(f"eyas capture → {out / 'features'} (holdout split; training captures online)")
     report = capture(CaptureOptions(target="demo", data=out / "data", out=out / "features", splits=("holdout",)))
     console.print(describe(report), soft_wrap=True, highlight=False)
+    console.rule(f"eyas train --online → {out / 'run'} (a few steps: CPU-sized smoke run)")
+    run = out / "run"
+    if latest_checkpoint(run) is None:
+        result = train(TrainOptions(target="demo", out=run, data=out / "data", online=True, max_steps=DEMO_TRAIN_STEPS,
+                                    ttt_steps=3, token_budget=1024, checkpoint_every=DEMO_TRAIN_STEPS, eval_batches=1, lr=3e-4))
+        console.print(f"{result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; holdout loss "
+                      f"{result.initial_eval['loss']:.3f} → {result.final_eval['loss']:.3f}, simulated τ "
+                      f"{result.initial_eval['tau']:.2f} → {result.final_eval['tau']:.2f}", soft_wrap=True)
+    else:
+        console.print(f"{run} already holds a run (delete it to train again)")
     console.rule("not built yet")
     for command, what in NOT_BUILT_YET:
         console.print(f"  {command:<22} {what}")
