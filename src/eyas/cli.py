@@ -174,7 +174,8 @@ def train(
     out: Path = typer.Option(..., "--out", help="RUN_DIR: checkpoints, metrics.jsonl, tensorboard/, final/"),
     features: Path | None = typer.Option(None, "--features", help="FEATURES_DIR from eyas capture (offline training)"),
     data: Path | None = typer.Option(None, "--data", help="DATA_DIR from eyas prepare (with --online)"),
-    online: bool = typer.Option(False, "--online", help="run the target in this process: nothing is written to disk"),
+    online: bool = typer.Option(False, "--online", help="run the target in this process: nothing is written to disk "
+                                "(the default when --data is given without --features)"),
     resume: bool = typer.Option(False, "--resume", help="continue RUN_DIR from its latest checkpoint"),
     ttt_steps: int = typer.Option(7, help="training-time-test steps K"),
     step_decay: float = typer.Option(0.8, help="weight of step k's loss is decay^k"),

@@ -191,7 +191,7 @@ def _setup(options: TrainOptions, device: torch.device) -> dict:
 
     dtype = torch.float32  # master weights and batch states; autocast handles bf16 on GPU
     config, _ = load_target_config(options.target, options.trust_remote_code)
-    if options.online:
+    if options.online or (options.features is None and options.data is not None):  # online: the default without a store
         if options.data is None:
             raise EyasError("--online trains from DATA_DIR: give --data DATA_DIR")
         from eyas.target import load_target
