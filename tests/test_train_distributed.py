@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -23,14 +24,15 @@ def run_train(args, nproc=None):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
 
 
-def test_two_gloo_ranks_equal_one_process_with_doubled_accumulation(tmp_path):
+@pytest.mark.parametrize("sharding", [[], ["--fsdp"]], ids=["replicated", "fsdp2"])
+def test_two_gloo_ranks_equal_one_process_with_doubled_accumulation(tmp_path, sharding):
     target = zoo.save_tiny_target(tmp_path / "target")
     data = zoo.write_data_dir(tmp_path / "data", sizes=(("train", 32), ("holdout", 4)))
     capture(CaptureOptions(target=target, data=Path(data), out=tmp_path / "f", dtype="fp32", token_budget=200, max_batch=4))
     common = ["--target", target, "--features", str(tmp_path / "f"), "--max-steps", "4", "--token-budget", "256",
               "--ttt-steps", "3", "--lr", "1e-3", "--checkpoint-every", "2", "--eval-batches", "1"]
     run_train([*common, "--grad-accum", "2", "--out", str(tmp_path / "one")])
-    run_train([*common, "--grad-accum", "1", "--out", str(tmp_path / "two")], nproc=2)
+    run_train([*common, *sharding, "--grad-accum", "1", "--out", str(tmp_path / "two")], nproc=2)
     read = lambda run: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
     one, two = read(tmp_path / "one"), read(tmp_path / "two")
     assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3, 4]
@@ -40,3 +42,41 @@ def test_two_gloo_ranks_equal_one_process_with_doubled_accumulation(tmp_path):
     b = load_file(tmp_path / "two" / "final" / "model.safetensors")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
+
+
+KILL_AT_STEP_2 = """
+import os, signal, sys
+import eyas.train.trainer as trainer
+from eyas.cli import app
+real = trainer.save_checkpoint
+
+def save_then_die(run_dir, step, *args, **kwargs):
+    path = real(run_dir, step, *args, **kwargs)
+    if step == 2 and kwargs.get("write", True):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return path
+
+trainer.save_checkpoint = save_then_die
+app(sys.argv[1:])
+"""
+
+
+def test_fsdp2_run_killed_and_resumed_equals_uninterrupted(tmp_path):
+    target = zoo.save_tiny_target(tmp_path / "target")
+    data = zoo.write_data_dir(tmp_path / "data", sizes=(("train", 32), ("holdout", 4)))
+    capture(CaptureOptions(target=target, data=Path(data), out=tmp_path / "f", dtype="fp32", token_budget=200, max_batch=4))
+    common = ["train", "--target", target, "--features", str(tmp_path / "f"), "--max-steps", "4", "--token-budget", "256",
+              "--ttt-steps", "2", "--lr", "1e-3", "--checkpoint-every", "2", "--eval-batches", "1", "--fsdp"]
+    run_train(common[1:] + ["--out", str(tmp_path / "clean")], nproc=2)
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_AT_STEP_2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29615",
+                             str(script), *common, "--out", str(tmp_path / "resumed")], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert killed.returncode != 0 and (tmp_path / "resumed" / "checkpoints" / "step-00000002").is_dir()
+    run_train(common[1:] + ["--out", str(tmp_path / "resumed"), "--resume"], nproc=2)
+    a = load_file(tmp_path / "clean" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "resumed" / "final" / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-7)

@@ -190,6 +190,7 @@ def train(
     eval_batches: int | None = typer.Option(50, help="holdout batches per evaluation (all if not given)"),
     seed: int = typer.Option(0),
     hidden_size: int | None = typer.Option(None, help="drafter width (default: the target's)"),
+    fsdp: bool = typer.Option(False, "--fsdp", help="under torchrun: shard the drafter over ranks with FSDP2"),
     layer_ids: str | None = typer.Option(None, "--layer-ids", help="online only: eyas layer ids (default 2, N//2, N-3)"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
 ) -> None:
@@ -203,6 +204,7 @@ def train(
         step_decay=step_decay, lr=lr, epochs=epochs, max_steps=max_steps, token_budget=token_budget, grad_accum=grad_accum,
         warmup_ratio=warmup_ratio, clip=clip, checkpoint_every=checkpoint_every, eval_batches=eval_batches, seed=seed,
         hidden_size=hidden_size, layer_ids=parse_layer_ids(layer_ids) if layer_ids else None, trust_remote_code=trust_remote_code,
+        fsdp=fsdp,
     )
     with _user_errors():
         report = run_train(options)

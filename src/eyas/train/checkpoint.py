@@ -25,23 +25,46 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def drafter_tensors(drafter) -> dict[str, torch.Tensor]:
+def is_sharded(drafter) -> bool:
+    """True when FSDP2 manages the drafter's modules (its parameters are then sharded across ranks)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(module, FSDPModule) for module in drafter.modules())
+
+
+def full_model_state(drafter) -> dict[str, torch.Tensor]:
+    """The whole state dict on rank 0 (a collective when sharded: call it on every rank)."""
+    if not is_sharded(drafter):
+        return drafter.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(drafter, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def drafter_tensors(drafter, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The drafter's own tensors: all but a frozen (target-owned) embedding; plus d2t."""
-    tensors = {name: t.detach().contiguous() for name, t in drafter.state_dict().items()
+    state = drafter.state_dict() if state is None else state
+    tensors = {name: t.detach().contiguous() for name, t in state.items()
                if not (name == "embed_tokens.weight" and not drafter.owns_embedding) and not name.startswith("rotary.")}
-    tensors["d2t"] = drafter.d2t.detach().contiguous()
+    tensors["d2t"] = drafter.d2t.detach().cpu().contiguous()
     return tensors
 
 
-def save_checkpoint(run_dir: Path, step: int, drafter, optimizer, scheduler, position: dict, extra: dict, keep: int = 3) -> Path:
-    """Write checkpoint ``step`` atomically; keep the newest ``keep``; return its directory."""
+def save_checkpoint(run_dir: Path, step: int, drafter, optimizer, scheduler, position: dict, extra: dict, keep: int = 3,
+                    write: bool = True) -> Path:
+    """Write checkpoint ``step`` atomically (only where ``write``; every rank must call it when the
+    drafter is sharded, to gather it); keep the newest ``keep``; return its directory."""
+    model_state = full_model_state(drafter)
+    optimizer_state = _full_optimizer_state(drafter, optimizer)
     root = checkpoint_dir(run_dir)
     final = root / f"step-{step:08d}"
+    if not write:
+        return final
+    optimizer_tensors, groups = _flatten_optimizer(optimizer_state)
     tmp = root / f".step-{step:08d}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(drafter_tensors(drafter), str(tmp / "model.safetensors"))
-    optimizer_tensors, groups = _flatten_optimizer(optimizer)
+    save_file(drafter_tensors(drafter, model_state), str(tmp / "model.safetensors"))
     optimizer_tensors["rng.torch"] = torch.get_rng_state()
     if torch.cuda.is_available():
         optimizer_tensors["rng.cuda"] = torch.cuda.get_rng_state()
@@ -72,33 +95,49 @@ def load_checkpoint(path: Path, drafter, optimizer, scheduler) -> dict:
     """Restore weights, optimizer, scheduler and RNG from ``path``; return its state.json."""
     tensors = load_file(str(path / "model.safetensors"))
     drafter.d2t.copy_(tensors.pop("d2t"))
-    missing, unexpected = drafter.load_state_dict(tensors, strict=False)
-    allowed_missing = {"embed_tokens.weight"} if not drafter.owns_embedding else set()
-    if unexpected or (set(missing) - allowed_missing - {k for k in missing if k.startswith("rotary.")}):
-        raise ValueError(f"checkpoint {path} does not fit this drafter: missing {missing}, unexpected {unexpected}")
     state = json.loads((path / "state.json").read_text())
     saved = load_file(str(path / "optimizer.safetensors"))
     torch.set_rng_state(saved.pop("rng.torch"))
     cuda_rng = saved.pop("rng.cuda", None)
     if cuda_rng is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(cuda_rng)
-    optimizer.load_state_dict(_unflatten_optimizer(saved, state["param_groups"]))
+    optimizer_state = _unflatten_optimizer(saved, state["param_groups"])
+    if is_sharded(drafter):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+        full = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(drafter, tensors, options=full)
+        set_optimizer_state_dict(drafter, optimizer, optimizer_state, options=full)
+    else:
+        missing, unexpected = drafter.load_state_dict(tensors, strict=False)
+        allowed_missing = {"embed_tokens.weight"} if not drafter.owns_embedding else set()
+        if unexpected or (set(missing) - allowed_missing - {k for k in missing if k.startswith("rotary.")}):
+            raise ValueError(f"checkpoint {path} does not fit this drafter: missing {missing}, unexpected {unexpected}")
+        optimizer.load_state_dict(optimizer_state)
     scheduler.load_state_dict(state["scheduler"])
     return state
 
 
-def _flatten_optimizer(optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    state = optimizer.state_dict()
+def _full_optimizer_state(drafter, optimizer) -> dict:
+    if not is_sharded(drafter):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(drafter, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """Optimizer state → flat tensors ``state/<param key>/<name>`` (keys are indices, or names when sharded)."""
     tensors = {}
-    for index, values in state["state"].items():
+    for key, values in state["state"].items():
         for name, value in values.items():
-            tensors[f"state.{index}.{name}"] = value if torch.is_tensor(value) else torch.tensor(value)
+            tensors[f"state/{key}/{name}"] = value if torch.is_tensor(value) else torch.tensor(value)
     return tensors, state["param_groups"]
 
 
 def _unflatten_optimizer(tensors: dict[str, torch.Tensor], groups: list[dict]) -> dict:
-    state: dict[int, dict] = {}
+    state: dict = {}
     for key, value in tensors.items():
-        _, index, name = key.split(".", 2)
-        state.setdefault(int(index), {})[name] = value
+        _, param, name = key.split("/", 2)
+        state.setdefault(int(param) if param.isdigit() else param, {})[name] = value
     return {"state": state, "param_groups": groups}

@@ -25,7 +25,7 @@ from eyas.drafter.ttt import ttt_steps
 from eyas.errors import EyasError
 from eyas.io import write_json_atomic
 from eyas.progress import progress_bar
-from eyas.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from eyas.train.data import OfflineSource, OnlineSource, batches_forever
 from eyas.train.evaluate import evaluate
 
@@ -55,6 +55,7 @@ class TrainOptions:
     keep: int = 3
     seed: int = 0
     resume: bool = False
+    fsdp: bool = False  # shard the drafter over ranks with FSDP2 (for drafters of very large targets)
     hidden_size: int | None = None
     layer_ids: tuple[int, ...] | None = None
     trust_remote_code: bool = False
@@ -81,6 +82,9 @@ def train(options: TrainOptions) -> TrainReport:
     out = Path(options.out)
     setup = _setup(options, device)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
+    sharded = options.fsdp and world > 1
+    if sharded:
+        _shard(drafter)
     micro_per_epoch = len(source.batches)
     per_step = options.grad_accum * world  # micro-batches per optimizer step, over all ranks
     total_steps = options.max_steps or max(1, math.ceil(options.epochs * micro_per_epoch / per_step))
@@ -105,9 +109,10 @@ def train(options: TrainOptions) -> TrainReport:
         (out / "drafter_config.json").write_text(json.dumps(drafter.config.to_dict(), indent=2))
         (out / "train_options.json").write_text(json.dumps(_jsonable(asdict(options)), indent=2))
     metrics = _Metrics(out, keep_up_to=step) if lead else None
-    if step == 0 and holdout is not None and lead:
+    if step == 0 and holdout is not None and (lead or sharded):  # a sharded drafter evaluates on every rank
         report.initial_eval = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches, autocast)
-        metrics.write({"step": 0, "eval": report.initial_eval})
+        if lead:
+            metrics.write({"step": 0, "eval": report.initial_eval})
 
     started = time.perf_counter()
     drafter.train()
@@ -134,13 +139,15 @@ def train(options: TrainOptions) -> TrainReport:
                 (total / options.grad_accum).backward()
                 tokens += batch.tokens
             if world > 1:  # average gradients over ranks: the same as one process accumulating them all
-                for param in drafter.trainable_parameters():
-                    all_reduce_sum(param.grad).div_(world)
+                if not sharded:  # (FSDP2 reduce-scatters them itself)
+                    for param in drafter.trainable_parameters():
+                        all_reduce_sum(param.grad).div_(world)
                 for tally in (losses, correct, counted):
                     all_reduce_sum(tally)
                 losses /= world
                 tokens = int(all_reduce_sum(torch.tensor(tokens)))
             grad_norm = torch.nn.utils.clip_grad_norm_(drafter.trainable_parameters(), options.clip)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -152,24 +159,24 @@ def train(options: TrainOptions) -> TrainReport:
                       "grad_norm": float(grad_norm), "tokens": tokens,
                       "tokens_per_s": report.tokens / max(time.perf_counter() - started, 1e-9)}
             checkpoint = step % options.checkpoint_every == 0 or step == total_steps
+            if checkpoint and holdout is not None and (lead or sharded):
+                record["eval"] = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches,
+                                          autocast)
             if lead:
-                if checkpoint and holdout is not None:
-                    record["eval"] = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches,
-                                              autocast)
                 metrics.write(record)  # before the checkpoint: a resume drops lines newer than its checkpoint
-                if checkpoint:
-                    save_checkpoint(out, step, drafter, optimizer, scheduler, {"epoch": epoch, "index": index + 1},
-                                    {"drafter_config": drafter.config.to_dict(), "record": record}, options.keep)
             if checkpoint:
+                save_checkpoint(out, step, drafter, optimizer, scheduler, {"epoch": epoch, "index": index + 1},
+                                {"drafter_config": drafter.config.to_dict(), "record": record}, options.keep, write=lead)
                 barrier()
             bar(1)
             bar.note(f"loss {record['loss']:.3f} acc₀ {accuracy[0]:.3f} {record['tokens_per_s']:,.0f} tok/s")
     report.steps = step
     report.seconds = time.perf_counter() - started
     report.final_eval = record.get("eval", {}) if step and lead else {}
+    final_state = full_model_state(drafter)  # every rank: a sharded drafter is gathered here
     if lead:
         metrics.close()
-        _write_final(out, drafter)
+        _write_final(out, drafter, final_state)
         write_json_atomic(out / "report.json", asdict(report))
     barrier()
     return report
@@ -241,7 +248,15 @@ def _new_drafter(config: DrafterConfig, d2t, head, embed, draft_ids, seed: int) 
     return drafter
 
 
-def _write_final(out: Path, drafter: Eagle3Drafter) -> None:
+def _shard(drafter: Eagle3Drafter) -> None:
+    """FSDP2 over ranks, one unit per module the TTT forward calls (it calls them directly, not the root)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for module in (drafter.embed_tokens, drafter.fc, drafter.midlayer, drafter.norm, drafter.lm_head):
+        fully_shard(module)
+
+
+def _write_final(out: Path, drafter: Eagle3Drafter, state: dict) -> None:
     from safetensors.torch import save_file
 
     from eyas.io import atomic_path
@@ -250,7 +265,7 @@ def _write_final(out: Path, drafter: Eagle3Drafter) -> None:
     final = out / "final"
     final.mkdir(exist_ok=True)
     with atomic_path(final / "model.safetensors") as tmp:
-        save_file(drafter_tensors(drafter), str(tmp))
+        save_file(drafter_tensors(drafter, state), str(tmp))
     write_json_atomic(final / "drafter_config.json", drafter.config.to_dict())
 
 
