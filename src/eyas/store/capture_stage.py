@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from eyas.store.async_writer import ShardWriterPool
 from eyas.store.plan import ShardPlan, plan_shards
 from eyas.store.shards import DTYPES, ShardRecord, StoreManifest, bytes_per_token, pack_states, shard_name, write_shard
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
+from eyas.target.layout import text_config
+from eyas.target.loading import load_target_config
 
 MANIFEST = "manifest.json"
 
@@ -69,15 +72,10 @@ class CaptureReport:
     already_complete: bool = False
     seconds: float = 0.0  # the whole stage, model loading included
     capture_seconds: float = 0.0  # first batch to last shard on disk
-    notes: list[str] = field(default_factory=list)
 
 
 def capture(options: CaptureOptions) -> CaptureReport:
     """Run the capture stage in this process (one rank of ``WORLD_SIZE``)."""
-    import time
-
-    from eyas.target.loading import load_target_config
-
     started = time.perf_counter()
     if options.dtype not in DTYPES:
         raise EyasError(f"--dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
@@ -87,8 +85,6 @@ def capture(options: CaptureOptions) -> CaptureReport:
     report = CaptureReport(rank=rank, world_size=world)
     out = Path(options.out)
     config, source = load_target_config(options.target, options.trust_remote_code)
-    from eyas.target.layout import text_config
-
     tconfig = text_config(config)
     num_layers, hidden = int(tconfig.num_hidden_layers), int(tconfig.hidden_size)
     layer_ids = validate_layer_ids(options.layer_ids or default_layer_ids(num_layers), num_layers)
