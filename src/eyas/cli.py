@@ -217,6 +217,53 @@ def train(
 
 
 @app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="RUN_DIR written by eyas train"),
+    out: Path = typer.Option(..., "--out", help="DRAFT_DIR to write (config.json, model.safetensors, README.md)"),
+    format: str = typer.Option("eagle3", "--format", help="eagle3 (SGLang and vLLM)"),
+    dtype: str = typer.Option("bf16", help="bf16 or fp16 (fp32 for tests)"),
+) -> None:
+    """Export a trained drafter in the EAGLE-3 format SGLang and vLLM both load, then check it."""
+    from eyas.export.check import check_draft_dir
+    from eyas.export.eagle3 import export_run
+
+    with _user_errors():
+        if format != "eagle3":
+            raise EyasError(f"--format {format!r} is not built yet; eagle3 is")
+        path = export_run(run_dir, out, dtype)
+        result = check_draft_dir(path)
+    console.print(f"wrote {path}; eyas check: {'ok' if result.ok else 'FAILED'}", soft_wrap=True)
+    for problem in result.errors + result.warnings:
+        console.print(f"  {problem}", soft_wrap=True, highlight=False)
+
+
+@app.command()
+def check(
+    draft_dir: Path = typer.Argument(..., help="a drafter directory (eyas', SpecForge's, EAGLE's, ...)"),
+    target: str | None = typer.Option(None, "--target", help="the target, to check what each engine's layer ids capture"),
+) -> None:
+    """Validate a drafter directory against the EAGLE-3 contract both engines load; exit 1 on errors."""
+    from eyas.export.check import check_draft_dir
+
+    with _user_errors():
+        model_type = layers = None
+        if target:
+            from eyas.target.layout import text_config
+            from eyas.target.loading import load_target_config
+
+            text = text_config(load_target_config(target)[0])
+            model_type, layers = text.model_type, int(text.num_hidden_layers)
+        result = check_draft_dir(draft_dir, model_type, layers)
+    for error in result.errors:
+        console.print(f"[red]error:[/] {error}", soft_wrap=True, highlight=False)
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True, highlight=False)
+    console.print("ok" if result.ok else f"{len(result.errors)} error(s)")
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
 def demo(
     out: Path = typer.Option(Path("eyas-demo"), "--out", help="where the demo writes its stage directories"),
 ) -> None:

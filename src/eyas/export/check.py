@@ -1,0 +1,143 @@
+"""``eyas check DRAFT_DIR``: does a drafter directory satisfy the contract both engines load? Any drafter.
+
+Errors are what makes an engine refuse the directory or silently compute something else; warnings
+are what works but deserves a look. Each message says what to change.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eyas.export.contract import ARCHITECTURE, expected_shapes
+from eyas.target.layer_ids import sglang_reads
+
+_FLOATS = {"BF16", "F16", "F32"}
+
+
+@dataclass
+class CheckResult:
+    """Problems found; ``ok`` when there is no error."""
+
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no error was found."""
+        return not self.errors
+
+
+def check_draft_dir(directory: Path, target_model_type: str | None = None, target_layers: int | None = None) -> CheckResult:
+    """Validate config.json and model.safetensors of ``directory`` against the export contract."""
+    directory = Path(directory)
+    result = CheckResult()
+    config = _read_config(directory, result)
+    if config is None:
+        return result
+    _check_config(config, result)
+    if result.errors:
+        return result
+    header = _read_header(directory, result)
+    if header is not None:
+        _check_tensors(config, header, result)
+    _check_layer_ids(config, result, target_model_type, target_layers)
+    return result
+
+
+def _read_config(directory: Path, result: CheckResult) -> dict | None:
+    path = directory / "config.json"
+    if not path.is_file():
+        result.errors.append(f"{path} is missing: a drafter directory needs config.json and model.safetensors")
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        result.errors.append(f"{path} is not valid JSON: {err}")
+        return None
+
+
+def _check_config(config: dict, result: CheckResult) -> None:
+    arch = config.get("architectures") or []
+    if ARCHITECTURE not in arch:
+        result.errors.append(f"architectures is {arch}; write [\"{ARCHITECTURE}\"] (the only Llama EAGLE-3 name SGLang loads)")
+    if config.get("model_type") != "llama":
+        result.errors.append(f"model_type is {config.get('model_type')!r}; the Llama EAGLE-3 drafter needs \"llama\"")
+    if config.get("num_hidden_layers") != 1:
+        result.errors.append(f"num_hidden_layers is {config.get('num_hidden_layers')}; EAGLE-3 drafters that load in both "
+                             "engines have exactly 1 (SGLang and vLLM build layers ≥ 1 differently)")
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "vocab_size"):
+        if not isinstance(config.get(key), (int, float)) or isinstance(config.get(key), bool):
+            result.errors.append(f"config field {key} is missing or not a number")
+    if "draft_vocab_size" not in config:
+        result.errors.append("draft_vocab_size is missing: SGLang reads it unconditionally; write the lm_head's rows")
+    if config.get("tie_word_embeddings", False):
+        result.errors.append("tie_word_embeddings is true: SGLang would replace the drafter's lm_head with the embedding; "
+                             "write false")
+    if not (config.get("eagle_config") or {}).get("use_aux_hidden_state", True):
+        result.errors.append("eagle_config.use_aux_hidden_state is false: the engines would skip fc and feed no target states")
+    if config.get("norm_before_residual"):
+        result.warnings.append("norm_before_residual is true: SGLang ignores it and runs the drafter differently from vLLM")
+
+
+def _read_header(directory: Path, result: CheckResult) -> dict | None:
+    path = directory / "model.safetensors"
+    if not path.is_file():
+        result.errors.append(f"{path} is missing")
+        return None
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return header
+
+
+def _check_tensors(config: dict, header: dict, result: CheckResult) -> None:
+    expected = expected_shapes(config)
+    renamed = {name.replace("layers.0.", "midlayer.", 1): name for name in header}
+    for name, shape in expected.items():
+        if name not in renamed:
+            hint = " (required: the draft vocabulary is smaller than the target's)" if name == "d2t" else ""
+            hint = hint or (" (required: the drafter is narrower than the target)" if name == "embed_tokens.weight" else "")
+            result.errors.append(f"tensor {name} is missing{hint}")
+            continue
+        info = header[renamed[name]]
+        if list(info["shape"]) != shape:
+            result.errors.append(f"tensor {name} has shape {info['shape']}, the config implies {shape}")
+        if name == "d2t" and info["dtype"] != "I64":
+            result.errors.append(f"d2t is {info['dtype']}; engines read it as int64 offsets (target id = i + d2t[i])")
+        if name != "d2t" and info["dtype"] not in _FLOATS:
+            result.errors.append(f"tensor {name} is {info['dtype']}; weights must be bf16, fp16 or fp32")
+    for name in sorted(set(renamed) - set(expected)):
+        if name == "t2d":
+            result.warnings.append("t2d is present: both engines ignore it (harmless)")
+        elif name == "d2t":
+            result.errors.append("d2t is present although the draft vocabulary equals the target's: vLLM's loader rejects it")
+        elif name == "embed_tokens.weight":
+            result.errors.append("embed_tokens.weight is present although the drafter is as wide as the target: engines use "
+                                 "the target's embedding; drop it (vLLM's strict loader may reject it)")
+        else:
+            result.errors.append(f"unexpected tensor {name}: vLLM's loader rejects names it does not know, SGLang skips them")
+
+
+def _check_layer_ids(config: dict, result: CheckResult, model_type: str | None, layers: int | None) -> None:
+    top = config.get("eagle_aux_hidden_state_layer_ids")
+    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    vllm_ids = top or nested
+    if vllm_ids is None:
+        return  # both engines use their identical defaults
+    if sorted(vllm_ids) != list(vllm_ids):
+        result.errors.append(f"layer ids {vllm_ids} are not ascending: fc reads the states low → high")
+    if nested is None:
+        result.warnings.append("layer ids are only at the top level: vLLM reads them, SGLang does not (it uses its defaults)")
+        return
+    if model_type is None or layers is None:
+        if nested[0] == 1:
+            result.warnings.append(f"eagle_config layer ids {nested} start at 1: SpecForge's output-of-layer spelling; "
+                                   "pass --target to check what each engine captures")
+        return
+    sglang_ids = list(sglang_reads(nested, model_type, layers))
+    if sglang_ids != list(vllm_ids):
+        result.errors.append(f"layer ids mean different states in the two engines: vLLM captures {list(vllm_ids)}, "
+                             f"SGLang captures {sglang_ids} for a {model_type} target (eyas ids = input of decoder layer L)")
