@@ -4,7 +4,7 @@ It grows with every stage. Today: load the demo target, show its layout and laye
 capture hidden states for a chat and prove the capture taps the tensors transformers itself
 reports, then prepare ShareGPT conversations into DATA_DIR (``<out>/data``) and capture the
 holdout split's hidden states into FEATURES_DIR (``<out>/features``), and train a drafter online
-for a few steps into RUN_DIR (``<out>/run``).
+for a few steps into RUN_DIR (``<out>/run``), export it to DRAFT_DIR (``<out>/draft``) and check it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from rich.console import Console
 
 from eyas.data.prepare import AlreadyPrepared, PrepareOptions, prepare
 from eyas.data.report import print_prepare_stats
+from eyas.export.check import check_draft_dir
+from eyas.export.eagle3 import export_run
 from eyas.store.capture_stage import CaptureOptions, capture, describe
 from eyas.target import capture_hidden_states, load_target
 from eyas.target.verify import max_abs_diff_vs_hf
@@ -33,7 +35,6 @@ DEMO_MAX_LENGTH = 512  # keeps the CPU demo's forward passes short
 DEMO_TRAIN_STEPS = 3
 
 NOT_BUILT_YET = [
-    ("eyas export / check", "SGLang/vLLM EAGLE-3 format"),
     ("eyas bench / generate", "speculative decoding engine, τ and speedup"),
 ]
 
@@ -89,6 +90,11 @@ def run_demo(console: Console, out: Path) -> None:
                       f"{result.initial_eval['tau']:.2f} → {result.final_eval['tau']:.2f}", soft_wrap=True)
     else:
         console.print(f"{run} already holds a run (delete it to train again)")
+    console.rule(f"eyas export → {out / 'draft'}, then eyas check")
+    draft = export_run(run, out / "draft")
+    result = check_draft_dir(draft)
+    console.print(f"{draft}: " + ("passes the EAGLE-3 contract for SGLang and vLLM" if result.ok else f"FAILED {result.errors}"),
+                  soft_wrap=True)
     console.rule("not built yet")
     for command, what in NOT_BUILT_YET:
         console.print(f"  {command:<22} {what}")
