@@ -142,3 +142,21 @@ def test_export_import_export_is_bitwise_identical(exported, tmp_path):
 def test_export_refuses_an_untrained_run(tmp_path):
     with pytest.raises(Exception, match="train it first"):
         export_run(tmp_path / "nothing", tmp_path / "out")
+
+
+def test_speculators_format_holds_the_same_drafter(exported, tmp_path):
+    root, _ = exported
+    path = export_run(root / "run", tmp_path / "spec", fmt="speculators")
+    config = json.loads((path / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert config["transformer_layer_config"]["hidden_size"] == 64 and config["draft_vocab_size"] == 128
+    assert check_draft_dir(path).ok
+    assert (path / "model.safetensors").read_bytes() == (root / "draft" / "model.safetensors").read_bytes()
+    ours, _ = import_draft_dir(path, target_layers=8)
+    theirs, _ = import_draft_dir(root / "draft", target_layers=8)
+    assert ours == theirs
+    broken = json.loads((path / "config.json").read_text())
+    broken.pop("norm_before_residual")
+    (path / "config.json").write_text(json.dumps(broken))
+    assert any("norm_before_residual" in e for e in check_draft_dir(path).errors)

@@ -220,7 +220,7 @@ def train(
 def export(
     run_dir: Path = typer.Argument(..., help="RUN_DIR written by eyas train"),
     out: Path = typer.Option(..., "--out", help="DRAFT_DIR to write (config.json, model.safetensors, README.md)"),
-    format: str = typer.Option("eagle3", "--format", help="eagle3 (SGLang and vLLM)"),
+    format: str = typer.Option("eagle3", "--format", help="eagle3 (SGLang and vLLM) or speculators (vLLM's own format)"),
     dtype: str = typer.Option("bf16", help="bf16 or fp16 (fp32 for tests)"),
 ) -> None:
     """Export a trained drafter in the EAGLE-3 format SGLang and vLLM both load, then check it."""
@@ -228,9 +228,7 @@ def export(
     from eyas.export.eagle3 import export_run
 
     with _user_errors():
-        if format != "eagle3":
-            raise EyasError(f"--format {format!r} is not built yet; eagle3 is")
-        path = export_run(run_dir, out, dtype)
+        path = export_run(run_dir, out, dtype, format)
         result = check_draft_dir(path)
     console.print(f"wrote {path}; eyas check: {'ok' if result.ok else 'FAILED'}", soft_wrap=True)
     for problem in result.errors + result.warnings:

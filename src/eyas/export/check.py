@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyas.export.contract import ARCHITECTURE, expected_shapes
+from eyas.export.contract import ARCHITECTURE, expected_shapes, flat_config
 from eyas.target.layer_ids import sglang_reads
 
 _FLOATS = {"BF16", "F16", "F32"}
@@ -36,6 +36,9 @@ def check_draft_dir(directory: Path, target_model_type: str | None = None, targe
     config = _read_config(directory, result)
     if config is None:
         return result
+    if "speculators_model_type" in config:
+        _check_speculators(config, result)
+        config = flat_config(config)
     _check_config(config, result)
     if result.errors:
         return result
@@ -79,6 +82,24 @@ def _check_config(config: dict, result: CheckResult) -> None:
         result.errors.append("eagle_config.use_aux_hidden_state is false: the engines would skip fc and feed no target states")
     if config.get("norm_before_residual"):
         result.warnings.append("norm_before_residual is true: SGLang ignores it and runs the drafter differently from vLLM")
+
+
+def _check_speculators(config: dict, result: CheckResult) -> None:
+    """vLLM's speculators format: its structure, and the norm placement it defaults differently."""
+    if config.get("speculators_model_type") != "eagle3":
+        result.errors.append(f"speculators_model_type is {config.get('speculators_model_type')!r}; eyas checks eagle3 drafters")
+    try:
+        methods = config["speculators_config"]["proposal_methods"]
+        int(methods[0]["speculative_tokens"])
+        str(config["speculators_config"]["verifier"]["name_or_path"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        result.errors.append("speculators_config needs proposal_methods[0].speculative_tokens and verifier.name_or_path")
+    if not isinstance(config.get("transformer_layer_config"), dict):
+        result.errors.append("transformer_layer_config (the drafter layer's Llama config) is missing")
+    if config.get("norm_before_residual", True):
+        result.errors.append("norm_before_residual is not false: vLLM's speculators reader then defaults it to true and "
+                             "normalises the residual, unlike SGLang and eyas; write \"norm_before_residual\": false if the "
+                             "drafter adds the un-normed hidden")
 
 
 def _read_header(directory: Path, result: CheckResult) -> dict | None:

@@ -56,3 +56,16 @@ def expected_shapes(config: dict) -> dict[str, list[int]]:
 def _eagle_ids(config: dict) -> list[int] | None:
     nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     return config.get("eagle_aux_hidden_state_layer_ids") or nested
+
+
+def flat_config(config: dict) -> dict:
+    """A drafter config in the HF EAGLE-3 shape; speculators-format configs are flattened into it."""
+    if "speculators_model_type" not in config:
+        return config
+    flat = dict(config.get("transformer_layer_config") or {})
+    for key in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids"):
+        if key in config:
+            flat[key] = config[key]
+    flat["architectures"] = [ARCHITECTURE]
+    flat["eagle_config"] = {"use_aux_hidden_state": True}
+    return flat

@@ -64,6 +64,35 @@ def draft_config(config: DrafterConfig, target_model_type: str, target_layers: i
     return out
 
 
+def speculators_config(config: dict, target: str, speculative_tokens: int = 3) -> dict:
+    """The same drafter in vLLM's speculators format (``vllm serve DRAFT_DIR`` finds the target itself)."""
+    layer = {k: v for k, v in config.items() if k not in ("eagle_config", "draft_vocab_size", "target_hidden_size",
+                                                          "eagle_aux_hidden_state_layer_ids", "num_aux_hidden_states")}
+    layer["architectures"] = ["LlamaForCausalLM"]
+    out = {
+        "speculators_model_type": "eagle3",
+        "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": layer,
+        "draft_vocab_size": config["draft_vocab_size"],
+        # vLLM's speculators reader defaults this to true; eyas' drafter adds the un-normed hidden (false).
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": target},
+        },
+    }
+    if "target_hidden_size" in config:
+        out["target_hidden_size"] = config["target_hidden_size"]
+    if "eagle_aux_hidden_state_layer_ids" in config:  # vLLM reads speculators ids as-is
+        out["eagle_aux_hidden_state_layer_ids"] = config["eagle_aux_hidden_state_layer_ids"]
+    return out
+
+
 def draft_tensors(tensors: dict[str, torch.Tensor], config: dict, dtype: str) -> dict[str, torch.Tensor]:
     """The tensors the contract names, cast to ``dtype`` (d2t stays int64); nothing else."""
     wanted = expected_shapes(config)
@@ -93,8 +122,8 @@ def write_draft_dir(out: Path, config: dict, tensors: dict[str, torch.Tensor], c
     return out
 
 
-def export_run(run_dir: Path, out: Path, dtype: str = "bf16") -> Path:
-    """Export RUN_DIR/final (what ``eyas train`` wrote) as an EAGLE-3 drafter directory."""
+def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3") -> Path:
+    """Export RUN_DIR/final (what ``eyas train`` wrote) as an EAGLE-3 drafter directory (or speculators format)."""
     from eyas.export.card import model_card
     from eyas.target.layout import text_config
     from eyas.target.loading import load_target_config
@@ -112,4 +141,9 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16") -> Path:
     config = draft_config(drafter, text.model_type, int(text.num_hidden_layers), dtype)
     tensors = draft_tensors(load_file(str(final / "model.safetensors")), config, dtype)
     report = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").is_file() else {}
-    return write_draft_dir(out, config, tensors, model_card(config, options, report, Path(out).name))
+    card = model_card(config, options, report, Path(out).name)
+    if fmt == "speculators":
+        config = speculators_config(config, str(options["target"]))
+    elif fmt != "eagle3":
+        raise EyasError(f"--format must be eagle3 or speculators, not {fmt!r}")
+    return write_draft_dir(out, config, tensors, card)

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from eyas.drafter.config import DrafterConfig
 from eyas.errors import EyasError
+from eyas.export.contract import flat_config
 from eyas.target.layer_ids import default_layer_ids
 
 
@@ -20,7 +21,7 @@ def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple
     none, the defaults of a ``target_layers``-layer target.
     """
     directory = Path(directory)
-    config = json.loads((directory / "config.json").read_text())
+    config = flat_config(json.loads((directory / "config.json").read_text()))
     tensors = {name.replace("layers.0.", "midlayer.", 1): t for name, t in load_file(str(directory / "model.safetensors")).items()}
     tensors.pop("t2d", None)
     hidden = int(config["hidden_size"])
