@@ -2,7 +2,6 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,17 +13,14 @@ from eyas.cli import app
 from eyas.export.check import check_draft_dir
 from eyas.export.eagle3 import draft_config, draft_tensors, export_run, write_draft_dir
 from eyas.export.load import import_draft_dir
-from eyas.store.capture_stage import CaptureOptions, capture
 from eyas.train.trainer import TrainOptions, train
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
-    target = zoo.save_tiny_target(root / "target")
-    data = zoo.write_data_dir(root / "data", sizes=(("train", 12), ("holdout", 2)))
-    capture(CaptureOptions(target=target, data=Path(data), out=root / "f", dtype="fp32", token_budget=200, max_batch=4))
-    train(TrainOptions(target=target, out=root / "run", features=root / "f", max_steps=2, token_budget=256, ttt_steps=2,
+    target, _, features = zoo.tiny_store(root, sizes=(("train", 12), ("holdout", 2)))
+    train(TrainOptions(target=target, out=root / "run", features=features, max_steps=2, token_budget=256, ttt_steps=2,
                        checkpoint_every=2, eval_batches=1))
     result = CliRunner().invoke(app, ["export", str(root / "run"), "--out", str(root / "draft")])
     assert result.exit_code == 0 and "eyas check: ok" in result.output, result.output

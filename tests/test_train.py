@@ -13,17 +13,12 @@ from safetensors.torch import load_file
 
 import zoo
 from eyas.errors import EyasError
-from eyas.store.capture_stage import CaptureOptions, capture
 from eyas.train.trainer import TrainOptions, train
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    target = zoo.save_tiny_target(root / "target")
-    data = zoo.write_data_dir(root / "data", sizes=(("train", 32), ("holdout", 6)))
-    capture(CaptureOptions(target=target, data=Path(data), out=root / "features", dtype="fp32", token_budget=200, max_batch=4))
-    return target, Path(data), root / "features"
+    return zoo.tiny_store(tmp_path_factory.mktemp("train"))
 
 
 def opts(target, out, **overrides):

@@ -4,14 +4,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import zoo
-from eyas.store.capture_stage import CaptureOptions, capture
 
 
 def run_train(args, nproc=None):
@@ -26,10 +24,8 @@ def run_train(args, nproc=None):
 
 @pytest.mark.parametrize("sharding", [[], ["--fsdp"]], ids=["replicated", "fsdp2"])
 def test_two_gloo_ranks_equal_one_process_with_doubled_accumulation(tmp_path, sharding):
-    target = zoo.save_tiny_target(tmp_path / "target")
-    data = zoo.write_data_dir(tmp_path / "data", sizes=(("train", 32), ("holdout", 4)))
-    capture(CaptureOptions(target=target, data=Path(data), out=tmp_path / "f", dtype="fp32", token_budget=200, max_batch=4))
-    common = ["--target", target, "--features", str(tmp_path / "f"), "--max-steps", "4", "--token-budget", "256",
+    target, _, features = zoo.tiny_store(tmp_path, sizes=(("train", 32), ("holdout", 4)))
+    common = ["--target", target, "--features", str(features), "--max-steps", "4", "--token-budget", "256",
               "--ttt-steps", "3", "--lr", "1e-3", "--checkpoint-every", "2", "--eval-batches", "1"]
     run_train([*common, "--grad-accum", "2", "--out", str(tmp_path / "one")])
     run_train([*common, *sharding, "--grad-accum", "1", "--out", str(tmp_path / "two")], nproc=2)
@@ -62,10 +58,8 @@ app(sys.argv[1:])
 
 
 def test_fsdp2_run_killed_and_resumed_equals_uninterrupted(tmp_path):
-    target = zoo.save_tiny_target(tmp_path / "target")
-    data = zoo.write_data_dir(tmp_path / "data", sizes=(("train", 32), ("holdout", 4)))
-    capture(CaptureOptions(target=target, data=Path(data), out=tmp_path / "f", dtype="fp32", token_budget=200, max_batch=4))
-    common = ["train", "--target", target, "--features", str(tmp_path / "f"), "--max-steps", "4", "--token-budget", "256",
+    target, _, features = zoo.tiny_store(tmp_path, sizes=(("train", 32), ("holdout", 4)))
+    common = ["train", "--target", target, "--features", str(features), "--max-steps", "4", "--token-budget", "256",
               "--ttt-steps", "2", "--lr", "1e-3", "--checkpoint-every", "2", "--eval-batches", "1", "--fsdp"]
     run_train(common[1:] + ["--out", str(tmp_path / "clean")], nproc=2)
     script = tmp_path / "kill.py"

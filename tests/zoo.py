@@ -230,3 +230,16 @@ def write_data_dir(directory, sizes=(("train", 24), ("holdout", 4)), seed: int =
     save_vocab(build_draft_vocab(counts, draft_vocab_size), directory / "vocab.safetensors")
     (directory / "manifest.json").write_text(json.dumps({"format": "eyas-data/1", "seed": seed}))
     return str(directory)
+
+
+def tiny_store(root, sizes=(("train", 32), ("holdout", 6))):
+    """A tiny target, its DATA_DIR and an fp32 FEATURES_DIR under ``root``: (target, data, features)."""
+    from pathlib import Path
+
+    from eyas.store.capture_stage import CaptureOptions, capture
+
+    root = Path(root)
+    target = save_tiny_target(root / "target")
+    data = Path(write_data_dir(root / "data", sizes=sizes))
+    capture(CaptureOptions(target=target, data=data, out=root / "features", dtype="fp32", token_budget=200, max_batch=4))
+    return target, data, root / "features"
