@@ -16,10 +16,9 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from eyas.data.samples import read_samples
+from eyas.data.samples import batch_inputs, read_samples
 from eyas.store.capture_stage import CaptureOptions, capture
 from eyas.store.plan import plan_shards
 from eyas.target import capture_hidden_states, load_target
@@ -120,13 +119,8 @@ def _disk_speed(work: Path, gib: int = 2) -> float:
 
 
 def _padded(rows):
-    longest = max(len(r.input_ids) for r in rows)
-    ids = torch.zeros(len(rows), longest, dtype=torch.long).pin_memory()
-    mask = torch.zeros(len(rows), longest, dtype=torch.long).pin_memory()
-    for r, row in enumerate(rows):
-        ids[r, : len(row.input_ids)] = torch.from_numpy(row.input_ids.astype(np.int64))
-        mask[r, : len(row.input_ids)] = 1
-    return ids, mask
+    ids, mask = batch_inputs(rows)
+    return ids.pin_memory(), mask.pin_memory()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from eyas.io import atomic_path
 
@@ -46,3 +47,19 @@ def read_samples(path: Path) -> list[Sample]:
     return [
         Sample(i, np.asarray(t, dtype=np.int32), np.asarray(m, dtype=np.uint8)) for i, t, m in zip(ids, tokens, masks, strict=True)
     ]
+
+
+def pad_right(rows: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
+    """Stack 1-D rows into [B, longest], zero-padded on the right (the padding side capture requires)."""
+    longest = max(len(r) for r in rows)
+    out = torch.zeros(len(rows), longest, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
+    return out
+
+
+def batch_inputs(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A right-padded forward batch of samples: (input_ids long [B, T], attention_mask long [B, T])."""
+    ids = pad_right([s.input_ids for s in samples], torch.long)
+    mask = pad_right([np.ones(len(s.input_ids), dtype=np.int64) for s in samples], torch.long)
+    return ids, mask

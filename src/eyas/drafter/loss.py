@@ -33,17 +33,16 @@ def target_signal(final: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: 
     flat = final.reshape(-1, width).to(lm_head_weight.dtype)
     is_draft = torch.zeros(lm_head_weight.shape[0], dtype=torch.bool, device=final.device)
     is_draft[draft_ids] = True
-    draft_rows = lm_head_weight[draft_ids]
     probs, argmax, in_draft = [], [], []
     with torch.no_grad():
         for start in range(0, flat.shape[0], chunk_tokens):
-            chunk = flat[start:start + chunk_tokens]
-            draft_logits = (chunk @ draft_rows.T).float()
-            # Full-vocabulary argmax, in the model's dtype and one chunk at a time, only to know if it is a draft token.
-            best_any = (chunk @ lm_head_weight.T).argmax(-1)
+            # Full-vocabulary logits in the model's dtype, one chunk of tokens at a time: their argmax says
+            # whether the target's top token is a draft token, their draft columns are the teacher.
+            logits = flat[start:start + chunk_tokens] @ lm_head_weight.T
+            draft_logits = logits[:, draft_ids].float()
             probs.append(torch.softmax(draft_logits, dim=-1))
             argmax.append(draft_logits.argmax(-1))
-            in_draft.append(is_draft[best_any])
+            in_draft.append(is_draft[logits.argmax(-1)])
     return TargetSignal(
         probs=torch.cat(probs).view(batch, tokens, -1),
         argmax=torch.cat(argmax).view(batch, tokens),

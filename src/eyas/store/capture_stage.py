@@ -17,10 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from eyas.data.samples import read_samples
+from eyas.data.samples import batch_inputs, read_samples
 from eyas.distributed import barrier, init_distributed
 from eyas.errors import EyasError
 from eyas.progress import progress_bar
@@ -238,12 +235,7 @@ def _state_source(options, source, layer_ids, device, num_layers, todo, samples)
         """One Pack per batch: capture on the device, drop the padding there, cast or quantise there."""
         for batch in plan.batches:
             rows = [samples[split][i] for i in batch]
-            longest = max(len(r.input_ids) for r in rows)
-            ids = torch.zeros(len(rows), longest, dtype=torch.long)
-            mask = torch.zeros(len(rows), longest, dtype=torch.long)
-            for r, row in enumerate(rows):
-                ids[r, : len(row.input_ids)] = torch.from_numpy(row.input_ids.astype(np.int64))
-                mask[r, : len(row.input_ids)] = 1
+            ids, mask = batch_inputs(rows)
             captured = capture_hidden_states(target.model, target.layout, ids, attention_mask=mask, layer_ids=layer_ids,
                                              offload=False)
             real = mask.to(captured.aux.device).bool()  # right padding: row-major order keeps samples in sequence

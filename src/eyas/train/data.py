@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from eyas.data.samples import batch_inputs, pad_right
 from eyas.store.plan import plan_shards
 
 
@@ -46,14 +47,6 @@ def epoch_order(batches: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(batches, generator=generator).tolist()
 
 
-def _pad(rows: list[np.ndarray], dtype) -> torch.Tensor:
-    longest = max(len(r) for r in rows)
-    out = torch.zeros(len(rows), longest, dtype=dtype)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
-    return out
-
-
 def _pad_states(rows: list[torch.Tensor]) -> torch.Tensor:
     longest = max(r.shape[0] for r in rows)
     out = torch.zeros(len(rows), longest, rows[0].shape[-1], dtype=rows[0].dtype)
@@ -80,12 +73,12 @@ class OfflineSource:
     def batch(self, index: int) -> Batch:
         """Batch ``index`` of the plan."""
         items = [self.store[i] for i in self.batches[index]]
-        valid = _pad([np.ones(len(x["input_ids"]), dtype=bool) for x in items], torch.bool)
+        valid = pad_right([np.ones(len(x["input_ids"]), dtype=bool) for x in items], torch.bool)
         return Batch(
             aux=_pad_states([x["aux"] for x in items]).to(self.device, self.dtype),
             final=_pad_states([x["final"] for x in items]).to(self.device, self.dtype),
-            input_ids=_pad([x["input_ids"].numpy() for x in items], torch.long).to(self.device),
-            loss_mask=_pad([x["loss_mask"].numpy() for x in items], torch.uint8).to(self.device),
+            input_ids=pad_right([x["input_ids"].numpy() for x in items], torch.long).to(self.device),
+            loss_mask=pad_right([x["loss_mask"].numpy() for x in items], torch.uint8).to(self.device),
             valid=valid.to(self.device),
         )
 
@@ -107,15 +100,15 @@ class OnlineSource:
         from eyas.target import capture_hidden_states
 
         rows = [self.samples[i] for i in self.batches[index]]
-        input_ids = _pad([r.input_ids for r in rows], torch.long)
-        valid = _pad([np.ones(len(r.input_ids), dtype=bool) for r in rows], torch.bool)
-        captured = capture_hidden_states(self.target.model, self.target.layout, input_ids, attention_mask=valid.long(),
+        input_ids, mask = batch_inputs(rows)
+        valid = mask.bool()
+        captured = capture_hidden_states(self.target.model, self.target.layout, input_ids, attention_mask=mask,
                                          layer_ids=self.layer_ids, offload=False)
         return Batch(
             aux=captured.aux.to(self.device, self.dtype),
             final=captured.final.to(self.device, self.dtype),
             input_ids=input_ids.to(self.device),
-            loss_mask=_pad([r.loss_mask for r in rows], torch.uint8).to(self.device),
+            loss_mask=pad_right([r.loss_mask for r in rows], torch.uint8).to(self.device),
             valid=valid.to(self.device),
         )
 
