@@ -22,6 +22,9 @@ class DrafterConfig:
     rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     layer_ids: list[int] = field(default_factory=list)  # eyas ids of the aux states, low → high
     hidden_act: str = "silu"
+    # speculators-format drafters may add the normed hidden as the residual (vLLM honours it, SGLang
+    # does not); eyas trains and exports False, and imports True only to measure such drafters
+    norm_before_residual: bool = False
 
     @property
     def aux_width(self) -> int:

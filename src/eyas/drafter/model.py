@@ -55,6 +55,7 @@ class DrafterLayer(nn.Module):
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
+        self.norm_before_residual = config.norm_before_residual
         llama = config.llama_config()
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -63,8 +64,10 @@ class DrafterLayer(nn.Module):
         self.mlp = LlamaMLP(llama)
 
     def forward(self, embeds, hidden, cos, sin, attend: Attend) -> torch.Tensor:
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        hidden = hidden + self.self_attn(x, cos, sin, attend)  # residual: the un-normed hidden
+        normed = self.hidden_norm(hidden)
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+        residual = normed if self.norm_before_residual else hidden  # eyas' own drafters: the un-normed hidden
+        hidden = residual + self.self_attn(x, cos, sin, attend)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 

@@ -10,7 +10,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eyas.errors import EyasError
 from eyas.export.contract import ARCHITECTURE, expected_shapes, flat_config
+from eyas.export.files import eyas_name, read_shapes, weight_files
 from eyas.target.layer_ids import sglang_reads
 
 _FLOATS = {"BF16", "F16", "F32"}
@@ -42,9 +44,16 @@ def check_draft_dir(directory: Path, target_model_type: str | None = None, targe
     _check_config(config, result)
     if result.errors:
         return result
-    header = _read_header(directory, result)
-    if header is not None:
-        _check_tensors(config, header, result)
+    try:
+        files = weight_files(directory)
+        shapes = read_shapes(directory, normalise=False)
+    except EyasError as err:
+        result.errors.append(str(err))
+    else:
+        if files[0].suffix == ".bin":
+            result.warnings.append(f"{files[0].name} is a pickle: engines load it, but `eyas export` writes safetensors "
+                                   "(no code can hide in it)")
+        _check_tensors(config, shapes, result)
     _check_layer_ids(config, result, target_model_type, target_layers)
     return result
 
@@ -80,6 +89,10 @@ def _check_config(config: dict, result: CheckResult) -> None:
                              "write false")
     if not (config.get("eagle_config") or {}).get("use_aux_hidden_state", True):
         result.errors.append("eagle_config.use_aux_hidden_state is false: the engines would skip fc and feed no target states")
+    for key in ("norm_before_fc", "fc_norm", "norm_output"):
+        if config.get(key) or (config.get("eagle_config") or {}).get(key):
+            result.errors.append(f"{key} is set: a variant of the EAGLE-3 layer outside the contract (the engines do not all "
+                                 "run it, and eyas cannot measure it); drafters that load everywhere leave it unset")
     if config.get("norm_before_residual"):
         result.warnings.append("norm_before_residual is true: SGLang ignores it and runs the drafter differently from vLLM")
 
@@ -102,42 +115,34 @@ def _check_speculators(config: dict, result: CheckResult) -> None:
                              "drafter adds the un-normed hidden")
 
 
-def _read_header(directory: Path, result: CheckResult) -> dict | None:
-    path = directory / "model.safetensors"
-    if not path.is_file():
-        result.errors.append(f"{path} is missing")
-        return None
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return header
-
-
-def _check_tensors(config: dict, header: dict, result: CheckResult) -> None:
+def _check_tensors(config: dict, header: dict[str, tuple[list[int], str]], result: CheckResult) -> None:
     expected = expected_shapes(config)
-    renamed = {name.replace("layers.0.", "midlayer.", 1): name for name in header}
+    prefixed = sorted(name for name in header if name.startswith("model."))
+    if prefixed:
+        result.errors.append(f"tensor names start with 'model.' ({prefixed[0]}, …): vLLM prepends 'model.' itself and "
+                             "would look for 'model.model.…'; write the names without the prefix")
+    renamed = {eyas_name(name): name for name in header}
     for name, shape in expected.items():
         if name not in renamed:
             hint = " (required: the draft vocabulary is smaller than the target's)" if name == "d2t" else ""
             hint = hint or (" (required: the drafter is narrower than the target)" if name == "embed_tokens.weight" else "")
             result.errors.append(f"tensor {name} is missing{hint}")
             continue
-        info = header[renamed[name]]
-        if list(info["shape"]) != shape:
-            result.errors.append(f"tensor {name} has shape {info['shape']}, the config implies {shape}")
-        if name == "d2t" and info["dtype"] != "I64":
-            result.errors.append(f"d2t is {info['dtype']}; engines read it as int64 offsets (target id = i + d2t[i])")
-        if name != "d2t" and info["dtype"] not in _FLOATS:
-            result.errors.append(f"tensor {name} is {info['dtype']}; weights must be bf16, fp16 or fp32")
+        stored_shape, dtype = header[renamed[name]]
+        if stored_shape != shape:
+            result.errors.append(f"tensor {name} has shape {stored_shape}, the config implies {shape}")
+        if name == "d2t" and dtype != "I64":
+            result.errors.append(f"d2t is {dtype}; engines read it as int64 offsets (target id = i + d2t[i])")
+        if name != "d2t" and dtype not in _FLOATS:
+            result.errors.append(f"tensor {name} is {dtype}; weights must be bf16, fp16 or fp32")
     for name in sorted(set(renamed) - set(expected)):
         if name == "t2d":
             result.warnings.append("t2d is present: both engines ignore it (harmless)")
         elif name == "d2t":
             result.errors.append("d2t is present although the draft vocabulary equals the target's: vLLM's loader rejects it")
         elif name == "embed_tokens.weight":
-            result.errors.append("embed_tokens.weight is present although the drafter is as wide as the target: engines use "
-                                 "the target's embedding; drop it (vLLM's strict loader may reject it)")
+            result.warnings.append("embed_tokens.weight is present although the drafter is as wide as the target: SGLang "
+                                   "replaces it by the target's, vLLM loads it; harmless when it is the target's embedding")
         else:
             result.errors.append(f"unexpected tensor {name}: vLLM's loader rejects names it does not know, SGLang skips them")
 

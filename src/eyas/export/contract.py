@@ -63,7 +63,8 @@ def flat_config(config: dict) -> dict:
     if "speculators_model_type" not in config:
         return config
     flat = dict(config.get("transformer_layer_config") or {})
-    for key in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids"):
+    for key in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "norm_before_fc", "fc_norm",
+                "norm_output"):
         if key in config:
             flat[key] = config[key]
     flat["architectures"] = [ARCHITECTURE]

@@ -26,6 +26,9 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 
 def draft_config(config: DrafterConfig, target_model_type: str, target_layers: int, dtype: str) -> dict:
     """The drafter's ``config.json``."""
+    if config.norm_before_residual:
+        raise EyasError("this drafter adds the normed hidden as its residual (a speculators-format variant): SGLang cannot "
+                        "run that; eyas exports only drafters that add the un-normed hidden")
     rope = dict(config.rope_parameters)
     out = {
         "architectures": [ARCHITECTURE],

@@ -1,4 +1,4 @@
-"""Import an EAGLE-3 drafter directory (eyas', SpecForge's, the EAGLE reference's) into eyas' own form."""
+"""Import an EAGLE-3 drafter directory (eyas', SpecForge's, the EAGLE reference's, speculators') into eyas' own form."""
 
 from __future__ import annotations
 
@@ -6,24 +6,48 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from eyas.drafter.config import DrafterConfig
 from eyas.errors import EyasError
 from eyas.export.contract import flat_config
+from eyas.export.files import read_tensors
 from eyas.target.layer_ids import default_layer_ids
+
+# Variants of the EAGLE-3 layer that eyas' drafter does not compute: importing them would measure
+# a different network than the engines run, so they are refused by name.
+_UNSUPPORTED = {
+    "norm_before_fc": "an RMSNorm over the concatenated target states before fc",
+    "fc_norm": "a per-state RMSNorm before fc",
+    "norm_output": "feeding the post-norm hidden to the next drafting step",
+}
 
 
 def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple[DrafterConfig, dict[str, torch.Tensor]]:
     """(DrafterConfig, tensors with eyas names and a d2t) of a drafter directory.
 
-    Layer ids: vLLM's reading (top-level ids, else eagle_config's, as-is); when the directory names
-    none, the defaults of a ``target_layers``-layer target.
+    Reads eyas' and SpecForge's layout (``midlayer.*`` safetensors, optionally sharded), the EAGLE
+    reference's (``pytorch_model.bin``, read as plain tensors only; config without layer ids or
+    head_dim; RoPE scaling as ``rope_scaling``) and vLLM speculators' (``layers.0.*``, the Llama
+    config nested, the target's embedding included, ``norm_before_residual``). Layer ids: vLLM's
+    reading (top-level ids, else eagle_config's, as-is); when the directory names none, the defaults
+    of a ``target_layers``-layer target.
     """
     directory = Path(directory)
-    config = flat_config(json.loads((directory / "config.json").read_text()))
-    tensors = {name.replace("layers.0.", "midlayer.", 1): t for name, t in load_file(str(directory / "model.safetensors")).items()}
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise EyasError(f"{config_path} is missing: is {directory} a drafter directory?")
+    raw = json.loads(config_path.read_text())
+    config = flat_config(raw)
+    for key, what in _UNSUPPORTED.items():
+        if config.get(key) or (config.get("eagle_config") or {}).get(key):
+            raise EyasError(f"{directory} sets {key} ({what}); eyas' drafter does not implement that variant")
+    if int(config.get("num_hidden_layers", 1)) != 1:
+        raise EyasError(f"{directory} has {config['num_hidden_layers']} drafter layers; eyas runs single-layer EAGLE-3 drafters")
+    tensors = read_tensors(directory)
     tensors.pop("t2d", None)
+    if "midlayer.hidden_norm.weight" not in tensors or "fc.weight" not in tensors:
+        raise EyasError(f"{directory} is not an EAGLE-3 drafter (no midlayer.hidden_norm / fc): EAGLE-1/2 drafters read "
+                        "one target state, not three")
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
     vocab = int(config["vocab_size"])
@@ -33,9 +57,9 @@ def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple
         if target_layers is None:
             raise EyasError(f"{directory} names no layer ids (engine defaults); give the target so eyas knows its depth")
         ids = list(default_layer_ids(target_layers))
-    rope = dict(config.get("rope_parameters") or {})
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     rope.setdefault("rope_theta", float(config.get("rope_theta", 10000.0)))
-    rope.setdefault("rope_type", (config.get("rope_scaling") or {}).get("rope_type", "default"))
+    rope["rope_type"] = rope.get("rope_type") or rope.pop("type", None) or "default"
     tensors.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
     drafter = DrafterConfig(
         hidden_size=hidden, target_hidden_size=int(config.get("target_hidden_size") or hidden), num_attention_heads=heads,
@@ -43,5 +67,26 @@ def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple
         intermediate_size=int(config["intermediate_size"]), rms_norm_eps=float(config["rms_norm_eps"]), vocab_size=vocab,
         draft_vocab_size=draft_vocab, max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
         rope_parameters=rope, layer_ids=[int(i) for i in ids], hidden_act=config.get("hidden_act", "silu"),
+        # the speculators format defaults it to true (vLLM's reader); HF-style configs to false
+        norm_before_residual=bool(raw.get("norm_before_residual", "speculators_model_type" in raw)),
     )
     return drafter, tensors
+
+
+def load_drafter(directory: Path, target_embedding: torch.Tensor, target_layers: int,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    """An :class:`Eagle3Drafter` ready to draft: a drafter directory's weights, the target's embedding
+    (when the directory holds none — SGLang and vLLM take the target's too), eval mode."""
+    from eyas.drafter.model import Eagle3Drafter
+
+    config, tensors = import_draft_dir(directory, target_layers)
+    drafter = Eagle3Drafter(config, d2t=tensors.pop("d2t"))
+    if "embed_tokens.weight" not in tensors:
+        if drafter.owns_embedding:
+            raise EyasError(f"{directory} is {config.hidden_size} wide, its target {config.target_hidden_size}: "
+                            "such a drafter must ship its own embed_tokens.weight, and this one does not")
+        tensors["embed_tokens.weight"] = target_embedding.detach().to("cpu")
+    missing, unexpected = drafter.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise EyasError(f"{directory}: tensors missing {missing}, not understood {unexpected}")
+    return drafter.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,1 @@
+"""eyas' own speculative decoding engine: target and drafter runners, plain and speculative decoding."""

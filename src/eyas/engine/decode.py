@@ -1,0 +1,137 @@
+"""Decoding, plain or speculative (chain or EAGLE-2 tree), greedy or sampled (batch 1).
+
+A round: the drafter, given the target states of every token the target has accepted so far,
+drafts after the target's last token (the root); the target runs the root and every draft in one
+forward (a tree attends through :func:`eyas.engine.tree.ancestor_mask`); :mod:`eyas.engine.verify`
+picks the accepted path and the target's own next token after it (the bonus). A round emits
+accepted + 1 tokens; τ, the mean acceptance length (DESIGN "Conventions"), is their mean over
+rounds — the quantity vLLM reports as 1 + accepted / drafts. Speculation never changes the output's
+distribution: greedy output equals the target's greedy output token for token, sampled output
+follows the target's distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.target_runner import TargetRunner
+from eyas.engine.tree import DraftTree, ancestor_mask, chain_tree, draft_tree
+from eyas.engine.verify import Sampling, target_probs, walk_greedy, walk_sampling
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """``chain``: ``draft_length`` tokens; ``tree``: EAGLE-2 dynamic tree (top_k, depth, total draft tokens)."""
+
+    mode: str = "chain"
+    draft_length: int = 5
+    top_k: int = 10
+    depth: int = 7
+    total: int = 60
+
+    @property
+    def max_depth(self) -> int:
+        return self.draft_length if self.mode == "chain" else self.depth
+
+    def label(self) -> str:
+        return f"chain:{self.draft_length}" if self.mode == "chain" else f"tree:{self.total},{self.depth},{self.top_k}"
+
+
+@dataclass
+class Generation:
+    """New tokens (prompt excluded) and, when speculating, the drafts accepted in each round."""
+
+    tokens: list[int]
+    accepted: list[int] = field(default_factory=list)
+    max_depth: int = 0
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """Mean acceptance length: tokens emitted per target verify forward (1.0 without speculation)."""
+        return 1.0 + sum(self.accepted) / len(self.accepted) if self.accepted else 1.0
+
+    def accepted_at(self) -> list[float]:
+        """Share of rounds whose path reached depth i + 1 (chain: whose draft i was accepted)."""
+        return [sum(a > i for a in self.accepted) / max(1, self.rounds) for i in range(self.max_depth)]
+
+
+def _emit(out: list[int], new: Iterable[int], max_new_tokens: int, stop: set[int]) -> bool:
+    """Append tokens until a stop token (kept) or the limit; True when generation is over."""
+    for token in new:
+        out.append(token)
+        if token in stop or len(out) >= max_new_tokens:
+            return True
+    return False
+
+
+class _Chooser:
+    """The target's next token from logits: argmax, or a sample from its (temperature, top-p) distribution."""
+
+    def __init__(self, sampling: Sampling):
+        self.sampling = sampling
+        self.generator = torch.Generator().manual_seed(sampling.seed)
+
+    def next_token(self, logits: torch.Tensor) -> int:
+        if self.sampling.greedy:
+            return int(logits.argmax())
+        return int(torch.multinomial(target_probs(logits.cpu(), self.sampling), 1, generator=self.generator))
+
+    def walk(self, tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
+        if self.sampling.greedy:
+            return walk_greedy(tree, logits.cpu())
+        return walk_sampling(tree, target_probs(logits.cpu(), self.sampling), self.generator)
+
+
+def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, drafter: DraftRunner | None = None,
+             speculation: Speculation | None = None, sampling: Sampling | None = None,
+             stop_ids: Iterable[int] = ()) -> Generation:
+    """Generate after ``prompt`` [1, P]; with a drafter and a :class:`Speculation`, speculatively."""
+    stop, chooser = set(stop_ids), _Chooser(sampling or Sampling())
+    target.reset()
+    length = prompt.shape[1]
+    logits, aux = target.forward(prompt, torch.arange(length).unsqueeze(0))
+    target.commit(torch.arange(length))
+    token = chooser.next_token(logits[0, -1])
+    speculating = drafter is not None and speculation is not None
+    result = Generation(tokens=[], max_depth=speculation.max_depth if speculating else 0)
+    if _emit(result.tokens, [token], max_new_tokens, stop):
+        return result
+    if not speculating:
+        while True:
+            logits, _ = target.forward(torch.tensor([[token]]), torch.tensor([[target.length]]))
+            target.commit(torch.tensor([0]))
+            token = chooser.next_token(logits[0, -1])
+            if _emit(result.tokens, [token], max_new_tokens, stop):
+                return result
+    drafter.reset()
+    # the drafter pairs the target state of each token with the token after it
+    pending_aux, pending_tokens = aux, torch.cat([prompt[:, 1:], torch.tensor([[token]])], dim=1)
+    pending_positions = torch.arange(length).unsqueeze(0)
+    while True:
+        if speculation.mode == "chain":
+            tree = chain_tree(token, drafter.draft_chain(pending_aux, pending_tokens, pending_positions, speculation.draft_length))
+        else:
+            tree = draft_tree(drafter, pending_aux, pending_tokens, pending_positions, token, speculation.top_k,
+                              speculation.depth, speculation.total)
+        start = target.length  # the root's position: emitted, not yet run by the target
+        mask = None if speculation.mode == "chain" else ancestor_mask(tree.parents)
+        logits, aux = target.forward(tree.tokens.unsqueeze(0), (start + tree.depths).unsqueeze(0), mask)
+        path, bonus = chooser.walk(tree, logits[0])
+        keep = torch.tensor(path)
+        target.commit(keep)
+        result.accepted.append(len(path) - 1)
+        new = [*tree.tokens[keep[1:]].tolist(), bonus]
+        if _emit(result.tokens, new, max_new_tokens, stop):
+            return result
+        token = bonus
+        pending_aux = aux[:, keep.to(aux.device)]
+        pending_tokens = torch.tensor([new])
+        pending_positions = (start + torch.arange(len(path))).unsqueeze(0)

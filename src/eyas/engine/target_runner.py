@@ -1,0 +1,134 @@
+"""The target side of speculative decoding: forwards over a slot cache, with the EAGLE-3 aux states.
+
+Every forward gets the tokens, their positions and, for a tree, which of the new tokens each may
+see. Committed tokens occupy cache slots [0, length); a forward writes its n tokens at
+[length, length+n) and sees every committed slot plus the new ones its mask allows. ``commit``
+then keeps the accepted new tokens, copying them down to [length, length+a) when a tree scattered
+them. The aux states (residual stream entering each tapped layer, DESIGN "Conventions") come from
+pre-hooks that must fire exactly once per forward, as in capture — a compiled or graph-replayed
+model that skips them is refused rather than drafting from stale states.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from eyas.engine.kv import SlotCache
+from eyas.errors import CaptureError, EyasError
+from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
+from eyas.target.layout import TargetLayout, text_config
+
+
+def _cache_keyword(model: nn.Module) -> str:
+    """transformers renamed ``past_key_values`` to ``cache`` (5.2x, old name deprecated): use the model's own
+    name, or for wrappers that only pass ``**kwargs`` on, the installed library's."""
+    from transformers.models.llama.modeling_llama import LlamaModel
+
+    for params in (inspect.signature(model.forward).parameters, inspect.signature(LlamaModel.forward).parameters):
+        for name in ("cache", "past_key_values"):
+            if name in params:
+                return name
+    return "past_key_values"
+
+
+class TargetRunner:
+    """An HF causal LM behind a :class:`SlotCache` of ``capacity`` tokens (batch 1)."""
+
+    def __init__(self, model: nn.Module, layout: TargetLayout, layer_ids: Sequence[int] | None, capacity: int):
+        attention = getattr(model.config, "_attn_implementation", "sdpa")
+        if attention not in ("sdpa", "eager"):
+            raise EyasError(f"the engine needs sdpa or eager attention (it passes tree masks); the target uses {attention!r}: "
+                            "load it with attn_implementation='sdpa'")
+        self.model, self.layout, self.capacity = model, layout, capacity
+        self.layer_ids = validate_layer_ids(layer_ids or default_layer_ids(layout.num_layers), layout.num_layers)
+        self.device = layout.embed.weight.device
+        self.dtype = layout.embed.weight.dtype
+        config = text_config(model.config)
+        types = list(getattr(config, "layer_types", None) or [])
+        self.sliding_window = getattr(config, "sliding_window", None) if "sliding_attention" in types else None
+        self.cache = SlotCache(int(config.num_hidden_layers), capacity)
+        self.length = 0
+        # position held by each slot: the sliding-window mask compares positions, not slots
+        self.slot_positions = torch.zeros(capacity, dtype=torch.long, device=self.device)
+        self._cache_kwarg = _cache_keyword(model)
+        self._seen: list[torch.Tensor | None] = [None] * len(self.layer_ids)
+        self._calls = [0] * len(self.layer_ids)
+        self._hooks = [self._tap_module(i).register_forward_pre_hook(self._hook(j), with_kwargs=True)
+                       for j, i in enumerate(self.layer_ids)]
+
+    def _tap_module(self, layer_id: int) -> nn.Module:
+        return self.layout.layers[layer_id] if layer_id < self.layout.num_layers else self.layout.norm
+
+    def _hook(self, index: int):
+        def record(module, args, kwargs):
+            self._calls[index] += 1
+            self._seen[index] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+        return record
+
+    def close(self) -> None:
+        """Remove the hooks (the model is usable for anything else afterwards)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def reset(self) -> None:
+        """Forget every committed token (a new prompt); the buffers stay allocated."""
+        self.length = 0
+
+    @torch.no_grad()
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
+                tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``token_ids`` [1, n] at ``positions`` [1, n] → (logits [1, n, V], aux [1, n, k·Ht]).
+
+        ``tree_mask`` [n, n] (True = may attend) says which new tokens each new token sees; causal if None.
+        """
+        n = token_ids.shape[1]
+        if self.length + n > self.capacity:
+            raise EyasError(f"the sequence needs {self.length + n} cache slots, the engine holds {self.capacity}: "
+                            "raise max_length (prompt + new tokens + draft tokens)")
+        slots = torch.arange(self.length, self.length + n, device=self.device)
+        self.cache.slots = slots
+        self.cache.visible = self.length + n  # eager: attend over what exists, not the whole capacity
+        positions = positions.to(self.device)
+        self.slot_positions[slots] = positions[0]
+        mask = self._mask(n, positions[0], tree_mask)
+        self._calls = [0] * len(self.layer_ids)
+        out = self.model(input_ids=token_ids.to(self.device), position_ids=positions, attention_mask=mask,
+                         use_cache=True, **{self._cache_kwarg: self.cache})
+        bad = [i for i, calls in zip(self.layer_ids, self._calls, strict=True) if calls != 1]
+        if bad:
+            raise CaptureError(f"the aux taps at layer ids {bad} fired {[self._calls[self.layer_ids.index(i)] for i in bad]} "
+                               "times in one forward (expected once): the target must run its decoder layers as "
+                               "Python modules (not compiled or graph-replayed without eyas' own graphs)")
+        return out.logits, torch.cat(self._seen, dim=-1)
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """Keep the new tokens at indices ``keep`` (ascending) of the last forward, in that order."""
+        keep = keep.to(self.device)
+        source = self.length + keep
+        destination = torch.arange(self.length, self.length + len(keep), device=self.device)
+        if not torch.equal(source, destination):
+            self.cache.move(source, destination)
+            self.slot_positions[destination] = self.slot_positions[source]
+        self.length += len(keep)
+
+    def _mask(self, n: int, positions: torch.Tensor, tree_mask: torch.Tensor | None):
+        """Additive float mask [1, 1, n, length + n] (a dict per layer type when some layers slide)."""
+        visible = torch.zeros(n, self.length + n, dtype=torch.bool, device=self.device)
+        visible[:, : self.length] = True
+        new = tree_mask.to(self.device) if tree_mask is not None else torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        visible[:, self.length : self.length + n] = new
+        full = self._additive(visible)
+        if self.sliding_window is None:
+            return full
+        near = (positions[:, None] - self.slot_positions[None, : self.length + n]) < self.sliding_window
+        return {"full_attention": full, "sliding_attention": self._additive(visible & near)}
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        return mask[None, None]

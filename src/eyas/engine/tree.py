@@ -1,0 +1,121 @@
+"""Draft trees: a chain is a tree with one child per node; EAGLE-2's dynamic tree grows by score.
+
+Node 0 is the root: the last token the target emitted, not yet run by it. Every other node is a
+drafted target id with a parent (an earlier node) and a depth (root 0). The target verifies all
+nodes in one forward, each at position start + depth, each attending to the committed context, its
+ancestors and itself (:func:`ancestor_mask`).
+
+Dynamic tree (EAGLE-2, arXiv 2406.16858; the EAGLE reference's defaults top-k 10, depth 7, 60 draft
+tokens): a node's score is the sum of the drafter's log-probabilities along its path. Each depth,
+the ``top_k`` best nodes of the previous depth are run through the drafter (the frontier), each
+proposes its ``top_k`` best children, and the ``top_k`` best of those become the next frontier.
+After ``depth`` levels the ``total`` best nodes of everything proposed form the tree: a child never
+scores above its parent, so the best nodes always include their ancestors (ties broken towards
+shallower, earlier nodes to keep that true).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eyas.engine.draft_runner import DraftRunner
+
+
+@dataclass
+class DraftTree:
+    """``tokens`` [n] target ids (root first), ``parents`` [n] (root: -1), ``depths`` [n]."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def children(self, node: int) -> list[int]:
+        """Child node indices in tree order (best-scored first: nodes are stored by score)."""
+        return (self.parents == node).nonzero().flatten().tolist()
+
+
+def chain_tree(root: int, drafts: torch.Tensor) -> DraftTree:
+    """A chain: root, then each draft the child of the one before."""
+    n = len(drafts) + 1
+    return DraftTree(tokens=torch.cat([torch.tensor([root]), drafts.cpu()]), parents=torch.arange(-1, n - 1),
+                     depths=torch.arange(n))
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """[n, n] bool: node i may see node j when j is i or an ancestor of i (parents precede children)."""
+    n = len(parents)
+    mask = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        mask[i] |= mask[int(parents[i])]
+    return mask
+
+
+@torch.no_grad()
+def draft_tree(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+               root: int, top_k: int, depth: int, total: int) -> DraftTree:
+    """Commit the target states ``aux`` (as :meth:`DraftRunner.draft_chain`) and grow a dynamic tree of
+    ``total`` draft tokens after ``root`` (the token following the last of them)."""
+    model = drafter.drafter
+    drafter.rollback()
+    prenorm = drafter.extend(model.fc(aux.to(drafter.device, drafter.dtype)), next_tokens, positions, commit=True)[:, -1:]
+    base = int(positions[0, -1])  # the drafter runs a depth-d node at base + d (its row holds the next token)
+    logprobs = torch.log_softmax(model.logits(prenorm)[0, -1].float(), -1)
+    scores, ids = logprobs.topk(top_k)
+    # every proposed node: draft id, target id, parent (index into `proposed`, -1 = root), depth, score
+    proposed_ids, proposed_parents, proposed_depths, proposed_scores = [ids], [torch.full((top_k,), -1)], [1], [scores]
+    frontier = torch.arange(top_k)  # indices into the flat proposal list
+    frontier_scores, frontier_tokens = scores, model.to_target_ids(ids)
+    frontier_hidden = prenorm.expand(1, top_k, -1)
+    # drafter cache entries (speculative) in the order written: which proposal each holds
+    written: list[int] = []
+    flat_parents = proposed_parents[0].clone()
+    for level in range(2, depth + 1):
+        # each frontier node sees the committed context, its written ancestors and itself
+        ancestors = torch.zeros(top_k, len(written) + top_k, dtype=torch.bool)
+        for row, node in enumerate(frontier.tolist()):
+            walk = int(flat_parents[node])
+            while walk >= 0:
+                ancestors[row, written.index(walk)] = True
+                walk = int(flat_parents[walk])
+            ancestors[row, len(written) + row] = True
+        hidden = drafter.extend_tree(frontier_hidden, frontier_tokens.view(1, -1),
+                                     torch.full((1, top_k), base + level - 1, dtype=torch.long), ancestors)
+        written.extend(frontier.tolist())
+        logprobs = torch.log_softmax(model.logits(hidden)[0].float(), -1)  # [top_k, Vd]
+        child_scores, child_ids = logprobs.topk(top_k, dim=-1)
+        child_scores = child_scores + frontier_scores[:, None]
+        offset = sum(len(p) for p in proposed_ids)
+        proposed_ids.append(child_ids.flatten())
+        proposed_parents.append(frontier.repeat_interleave(top_k))
+        proposed_depths.append(level)
+        proposed_scores.append(child_scores.flatten())
+        flat_parents = torch.cat(proposed_parents)
+        best = child_scores.flatten().topk(top_k).indices
+        frontier = offset + best
+        frontier_scores = child_scores.flatten()[best]
+        frontier_tokens = model.to_target_ids(child_ids.flatten()[best])
+        frontier_hidden = hidden[:, best // top_k]
+    drafter.rollback()
+    return _select(proposed_ids, proposed_parents, proposed_depths, proposed_scores, model, root, total)
+
+
+def _select(ids, parents, depths, scores, model, root: int, total: int) -> DraftTree:
+    flat_ids, flat_parents, flat_scores = torch.cat(ids), torch.cat(parents), torch.cat(scores)
+    flat_depths = torch.cat([torch.full((len(i),), d) for i, d in zip(ids, depths, strict=True)])
+    order = sorted(range(len(flat_ids)), key=lambda i: (-float(flat_scores[i]), int(flat_depths[i]), i))
+    chosen = sorted(order[: min(total, len(order))], key=lambda i: (int(flat_depths[i]), -float(flat_scores[i]), i))
+    node_of = {proposal: node + 1 for node, proposal in enumerate(chosen)}  # tree node 0 is the root
+    tree_parents = [-1]
+    for proposal in chosen:
+        parent = int(flat_parents[proposal])
+        if parent >= 0 and parent not in node_of:
+            raise AssertionError("a selected draft node lacks its parent; scores must not increase along a path")
+        tree_parents.append(0 if parent < 0 else node_of[parent])
+    tokens = model.to_target_ids(flat_ids[chosen]).cpu()
+    return DraftTree(tokens=torch.cat([torch.tensor([root]), tokens]), parents=torch.tensor(tree_parents),
+                     depths=torch.cat([torch.tensor([0]), flat_depths[chosen]]))

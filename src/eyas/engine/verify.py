@@ -1,0 +1,81 @@
+"""Which drafted nodes the target accepts, and the token it emits after them.
+
+Greedy: from the root, follow the child whose token is the target's argmax; stop where none is; the
+argmax there is the bonus token. The output is then the target's greedy output exactly.
+
+Sampling: drafts here are deterministic (argmax chains, top-k trees), i.e. each candidate was
+"proposed with probability 1". The lossless rule for such candidates is the rejection rule with a
+one-hot draft distribution: at a node with target distribution p, try its children in order; accept
+child c with probability p(c); on rejection set p(c) = 0 and renormalise, then try the next child;
+if every child is rejected, sample the bonus token from what is left of p. Child c is emitted with
+probability exactly p(c) — (1 − Σ earlier) · p(c) / (1 − Σ earlier) — and anything else with its
+own p, so every emitted token follows the target's distribution (a test counts it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eyas.engine.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature 0 = greedy; top_p filters the target's distribution as transformers does."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The distribution the target samples from: softmax(logits / T), restricted to the top-p nucleus."""
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # keep a token while the mass before it is below top_p (the most likely token always stays)
+        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= sampling.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def walk_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
+    """(accepted node indices, root first; bonus token) from the target's logits at every node [n, V]."""
+    choice = logits.argmax(-1).tolist()
+    path, node = [0], 0
+    while True:
+        follow = [c for c in tree.children(node) if int(tree.tokens[c]) == choice[node]]
+        if not follow:
+            return path, choice[node]
+        node = follow[0]
+        path.append(node)
+
+
+def walk_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator) -> tuple[list[int], int]:
+    """(accepted node indices, root first; bonus token) from the target's distributions [n, V]."""
+    path, node = [0], 0
+    while True:
+        p = probs[node].clone()
+        accepted = None
+        for child in tree.children(node):
+            token = int(tree.tokens[child])
+            if float(torch.rand((), generator=generator)) < float(p[token]):
+                accepted = child
+                break
+            p[token] = 0.0
+            total = p.sum()
+            if total <= 0:  # cannot happen with exact arithmetic; guards rounding
+                break
+            p = p / total
+        if accepted is None:
+            return path, int(torch.multinomial(p, 1, generator=generator))
+        node = accepted
+        path.append(node)

@@ -1,0 +1,112 @@
+"""The engine's greedy decoding is lossless: chain and tree output == plain output == the target's own greedy.
+
+The reference is the most independent one there is: the full prefix re-run through the HF model
+without any cache, argmax, append (and transformers' ``generate`` where the model has one). A
+random drafter checks the no-acceptance path on every architecture; an oracle drafter that is right
+for exactly the first j drafts checks acceptance, the bonus token, cache commits and τ accounting,
+whose values are then known in advance.
+"""
+
+import pytest
+import torch
+
+from eyas.engine.decode import Speculation, generate
+from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.target_runner import TargetRunner
+from eyas.target.layout import discover_layout
+from test_drafter_consistency import random_drafter, tiny_config
+from zoo import ARCHITECTURES
+
+NEW_TOKENS = 24
+
+
+def reference_greedy(model, prompt: torch.Tensor, new_tokens: int) -> list[int]:
+    ids = prompt
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = model(input_ids=ids, use_cache=False).logits
+            ids = torch.cat([ids, logits[:, -1:].argmax(-1)], dim=1)
+    return ids[0, prompt.shape[1] :].tolist()
+
+
+def runners(model, capacity=128, seed=0):
+    layout = discover_layout(model)
+    drafter = random_drafter(tiny_config(vocab_size=layout.vocab_size, draft_vocab_size=100), seed=seed)
+    drafter.load_target_embedding(layout.embed.weight)
+    return TargetRunner(model, layout, None, capacity), DraftRunner(drafter, capacity)
+
+
+def prompt_of(seed: int, length: int = 10) -> torch.Tensor:
+    return torch.randint(1, 240, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_speculation_is_lossless_on_every_architecture(arch):
+    model = ARCHITECTURES[arch][0]()
+    target, drafter = runners(model)
+    for seed in range(2):
+        prompt = prompt_of(seed)
+        expected = reference_greedy(model, prompt, NEW_TOKENS)
+        plain = generate(target, prompt, NEW_TOKENS)
+        chain = generate(target, prompt, NEW_TOKENS, drafter, Speculation("chain", 4))
+        tree = generate(target, prompt, NEW_TOKENS, drafter, Speculation("tree", top_k=4, depth=3, total=10))
+        assert plain.tokens == expected, f"{arch}: plain decoding differs from the uncached reference"
+        assert chain.tokens == expected, f"{arch}: chain speculation differs from the uncached reference"
+        assert tree.tokens == expected, f"{arch}: tree speculation differs from the uncached reference"
+        if hasattr(model, "generate") and arch != "qwen2_5_vl":  # its generate needs multimodal rope inputs
+            hf = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS,
+                                min_new_tokens=NEW_TOKENS, do_sample=False)
+            assert hf[0, prompt.shape[1] :].tolist() == expected
+
+
+class OracleDrafter(DraftRunner):
+    """Drafts the true greedy continuation, except that draft ``wrong_at`` of every round is wrong."""
+
+    def __init__(self, base: DraftRunner, continuation: list[int], prompt_length: int, wrong_at: int):
+        super().__init__(base.drafter, base.capacity)
+        self.continuation, self.prompt_length, self.wrong_at = continuation, prompt_length, wrong_at
+
+    def draft_chain(self, aux, next_tokens, positions, steps):
+        super().draft_chain(aux, next_tokens, positions, steps)  # exercise the real cache bookkeeping too
+        done = int(positions[0, -1]) + 2 - self.prompt_length  # tokens emitted so far
+        drafts = [self.continuation[min(done + i, len(self.continuation) - 1)] for i in range(steps)]
+        if self.wrong_at < steps:
+            drafts[self.wrong_at] = (drafts[self.wrong_at] + 1) % 256
+        return torch.tensor(drafts)
+
+
+@pytest.mark.parametrize("wrong_at", [0, 2, 5])
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "deepseek_v3"])
+def test_accepted_drafts_commit_correctly_and_tau_counts_them(arch, wrong_at):
+    model = ARCHITECTURES[arch][0]()
+    target, drafter = runners(model)
+    prompt = prompt_of(7)
+    expected = reference_greedy(model, prompt, NEW_TOKENS + 8)
+    oracle = OracleDrafter(drafter, expected, prompt.shape[1], wrong_at)
+    chain = generate(target, prompt, NEW_TOKENS, oracle, Speculation("chain", 5))
+    assert chain.tokens == expected[:NEW_TOKENS]
+    accepted = min(wrong_at, 5)  # every round accepts exactly the drafts before the wrong one
+    assert chain.accepted == [accepted] * chain.rounds
+    assert chain.rounds == -(-(NEW_TOKENS - 1) // (accepted + 1))  # the first token comes from the prefill
+    assert chain.tau == 1 + accepted
+    assert chain.accepted_at() == [1.0] * accepted + [0.0] * (5 - accepted)
+
+
+def test_generation_stops_at_a_stop_token_and_keeps_it():
+    model = ARCHITECTURES["llama"][0]()
+    target, drafter = runners(model)
+    prompt = prompt_of(3)
+    expected = reference_greedy(model, prompt, NEW_TOKENS)
+    stop = expected[5]
+    first = expected.index(stop)
+    oracle = OracleDrafter(drafter, expected + [0] * 8, prompt.shape[1], 9)
+    for generation in (generate(target, prompt, NEW_TOKENS, stop_ids=[stop]),
+                       generate(target, prompt, NEW_TOKENS, oracle, Speculation("chain", 4), stop_ids=[stop])):
+        assert generation.tokens == expected[: first + 1]
+
+
+def test_a_sequence_longer_than_the_cache_is_refused_with_advice():
+    model = ARCHITECTURES["llama"][0]()
+    target, _ = runners(model, capacity=16)
+    with pytest.raises(Exception, match="raise max_length"):
+        generate(target, prompt_of(0), NEW_TOKENS)
