@@ -262,6 +262,124 @@ def check(
 
 
 @app.command()
+def bench(
+    target: str = typer.Option(..., "--target", help="the target the drafter serves"),
+    draft: Path = typer.Option(..., "--draft", help="DRAFT_DIR: eyas', SpecForge's, EAGLE's or speculators' layout"),
+    out: Path = typer.Option(..., "--out", help="REPORT_DIR: report.json, report.md, acceptance.png"),
+    dataset: str = typer.Option("mt-bench,humaneval,sharegpt-holdout", "--dataset",
+                                help="comma-separated: mt-bench, humaneval, sharegpt-holdout (needs --data)"),
+    data: Path | None = typer.Option(None, "--data", help="DATA_DIR: its holdout for sharegpt-holdout; its training "
+                                     "prompts are kept out of every benchmark"),
+    mode: str = typer.Option("chain:5,tree:60,7,10", "--mode", help="chain:K and/or tree:TOTAL,DEPTH,TOPK, comma-separated "
+                             "within, ';' or repeated ':' groups between: e.g. chain:5,tree:60,7,10"),
+    temperature: float = typer.Option(0.0, help="0 = greedy (outputs are also compared with plain decoding)"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    prompts: int | None = typer.Option(None, "--prompts", help="the first N prompts of each dataset (all if not given)"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    max_prompt_tokens: int = typer.Option(1024, "--max-prompt-tokens", help="longer prompts are skipped and counted"),
+    seed: int = typer.Option(0),
+    device: str | None = typer.Option(None, help="cuda or cpu (default: cuda when available)"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+) -> None:
+    """Measure a drafter in eyas' engine: τ, acceptance per position, tokens/s speculative vs plain.
+
+    Every prompt is decoded without speculation and in every --mode, in one run on one machine; the
+    report gives each dataset's τ (1 + accepted / rounds, as vLLM counts it) and speedup.
+    """
+    from eyas.bench import load_engine
+    from eyas.bench.prompts import load_prompts
+    from eyas.bench.report import markdown, write_report
+    from eyas.bench.run import parse_mode, run_bench
+    from eyas.engine.verify import Sampling
+    from eyas.progress import progress_bar
+
+    with _user_errors():
+        modes = [parse_mode(m) for m in _split_modes(mode)]
+        capacity = max_prompt_tokens + max_new_tokens + max(m.total if m.mode == "tree" else m.draft_length for m in modes) + 1
+        engine = load_engine(target, draft, capacity, device, trust_remote_code)
+        chosen, dropped = load_prompts([d.strip() for d in dataset.split(",") if d.strip()], engine.target.tokenizer, data,
+                                       prompts, max_prompt_tokens)
+        if not chosen:
+            raise EyasError(f"no prompts left to benchmark (dropped: {dropped})")
+        sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
+        with progress_bar("bench", len(chosen), unit="prompt") as bar:
+            result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, sampling, max_new_tokens,
+                               engine.stop_ids, progress=bar)
+        header = {"target": target, "draft": str(draft), "datasets": dataset, "dropped_prompts": dropped}
+        write_report(result, out, header)
+    console.print(markdown(result, header), soft_wrap=True, highlight=False)
+    console.print(f"wrote {out}/report.json, report.md, acceptance.png")
+
+
+def _split_modes(text: str) -> list[str]:
+    """'chain:5,tree:60,7,10' → ['chain:5', 'tree:60,7,10']: a new mode starts at each 'name:'."""
+    modes: list[str] = []
+    for part in text.replace(";", ",").split(","):
+        part = part.strip()
+        if ":" in part or not modes:
+            modes.append(part)
+        else:
+            modes[-1] += "," + part
+    return [m for m in modes if m]
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="the user message (the chat template is applied)"),
+    target: str = typer.Option(..., "--target"),
+    draft: Path | None = typer.Option(None, "--draft", help="DRAFT_DIR; without it the target decodes alone"),
+    mode: str = typer.Option("chain:5", "--mode", help="chain:K or tree:TOTAL,DEPTH,TOPK"),
+    temperature: float = typer.Option(0.0),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    seed: int = typer.Option(0),
+    device: str | None = typer.Option(None),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+) -> None:
+    """Stream the target's answer to PROMPT, speculating with DRAFT_DIR; print τ and tokens/s at the end."""
+    import time
+
+    from eyas.bench import load_engine, prompt_tensor
+    from eyas.bench.prompts import render
+    from eyas.bench.run import parse_mode
+    from eyas.engine.decode import generate as decode
+    from eyas.engine.verify import Sampling
+
+    with _user_errors():
+        speculation = parse_mode(mode)
+        if draft is None:
+            from eyas.bench import Engine, stop_ids
+            from eyas.engine.target_runner import TargetRunner
+            from eyas.target.loading import load_target
+
+            loaded = load_target(target, device=device, trust_remote_code=trust_remote_code)
+            engine = Engine(loaded, TargetRunner(loaded.model, loaded.layout, None, 8192), None, stop_ids(loaded))
+        else:
+            engine = load_engine(target, draft, 8192, device, trust_remote_code)
+        tokenizer = engine.target.tokenizer
+        ids = render(tokenizer, prompt)
+        shown: list[int] = []
+        printed = ""
+
+        def stream(new: list[int]) -> None:
+            nonlocal printed
+            shown.extend(new)
+            text = tokenizer.decode(shown, skip_special_tokens=True)
+            sys.stdout.write(text[len(printed):])
+            sys.stdout.flush()
+            printed = text
+
+        start = time.perf_counter()
+        result = decode(engine.target_runner, prompt_tensor(ids), max_new_tokens, engine.draft_runner,
+                        speculation if draft else None, Sampling(temperature, top_p, seed), engine.stop_ids, stream)
+        seconds = time.perf_counter() - start
+    print()
+    tail = f"τ {result.tau:.2f} ({speculation.label()}), " if draft else "no drafter, "
+    err_console.print(f"{tail}{len(result.tokens)} tokens in {seconds:.1f} s = {len(result.tokens) / seconds:.1f} tok/s",
+                      highlight=False)
+
+
+@app.command()
 def demo(
     out: Path = typer.Option(Path("eyas-demo"), "--out", help="where the demo writes its stage directories"),
 ) -> None:

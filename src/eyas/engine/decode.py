@@ -12,7 +12,7 @@ follows the target's distribution.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -92,9 +92,11 @@ class _Chooser:
 
 def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, drafter: DraftRunner | None = None,
              speculation: Speculation | None = None, sampling: Sampling | None = None,
-             stop_ids: Iterable[int] = ()) -> Generation:
-    """Generate after ``prompt`` [1, P]; with a drafter and a :class:`Speculation`, speculatively."""
+             stop_ids: Iterable[int] = (), on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+    """Generate after ``prompt`` [1, P]; with a drafter and a :class:`Speculation`, speculatively.
+    ``on_tokens`` sees every batch of emitted tokens as it is decided (for streaming)."""
     stop, chooser = set(stop_ids), _Chooser(sampling or Sampling())
+
     target.reset()
     length = prompt.shape[1]
     logits, aux = target.forward(prompt, torch.arange(length).unsqueeze(0))
@@ -102,14 +104,22 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
     token = chooser.next_token(logits[0, -1])
     speculating = drafter is not None and speculation is not None
     result = Generation(tokens=[], max_depth=speculation.max_depth if speculating else 0)
-    if _emit(result.tokens, [token], max_new_tokens, stop):
+
+    def emit(new: Iterable[int]) -> bool:
+        before = len(result.tokens)
+        done = _emit(result.tokens, new, max_new_tokens, stop)
+        if on_tokens is not None:
+            on_tokens(result.tokens[before:])
+        return done
+
+    if emit([token]):
         return result
     if not speculating:
         while True:
             logits, _ = target.forward(torch.tensor([[token]]), torch.tensor([[target.length]]))
             target.commit(torch.tensor([0]))
             token = chooser.next_token(logits[0, -1])
-            if _emit(result.tokens, [token], max_new_tokens, stop):
+            if emit([token]):
                 return result
     drafter.reset()
     # the drafter pairs the target state of each token with the token after it
@@ -129,7 +139,7 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
         target.commit(keep)
         result.accepted.append(len(path) - 1)
         new = [*tree.tokens[keep[1:]].tolist(), bonus]
-        if _emit(result.tokens, new, max_new_tokens, stop):
+        if emit(new):
             return result
         token = bonus
         pending_aux = aux[:, keep.to(aux.device)]

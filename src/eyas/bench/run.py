@@ -1,0 +1,128 @@
+"""``eyas bench``: τ, acceptance per position and tokens/s, speculative vs plain, in one run.
+
+Every prompt is decoded by the engine without speculation (the baseline) and then with each mode,
+on the same target runner, one after another, so the ratio compares like with like. Rounds are
+pooled over a dataset's prompts (τ = 1 + accepted / rounds, as vLLM reports it). At temperature 0
+each speculative output is also compared with the plain one, token for token: the report says how
+many matched (all of them, or something is broken).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from eyas.bench.prompts import Prompt
+from eyas.engine.decode import Generation, Speculation, generate
+from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.target_runner import TargetRunner
+from eyas.engine.verify import Sampling
+from eyas.errors import EyasError
+
+
+def parse_mode(text: str) -> Speculation:
+    """``chain:K`` or ``tree:TOTAL,DEPTH,TOPK`` (the EAGLE reference's tree is tree:60,7,10)."""
+    kind, _, args = text.partition(":")
+    try:
+        numbers = [int(x) for x in args.split(",")] if args else []
+        if kind == "chain" and len(numbers) == 1 and numbers[0] >= 1:
+            return Speculation("chain", draft_length=numbers[0])
+        if kind == "tree" and len(numbers) == 3 and all(n >= 1 for n in numbers):
+            return Speculation("tree", total=numbers[0], depth=numbers[1], top_k=numbers[2])
+    except ValueError:
+        pass
+    raise EyasError(f"mode {text!r}: write chain:K (e.g. chain:5) or tree:TOTAL,DEPTH,TOPK (e.g. tree:60,7,10)")
+
+
+@dataclass
+class ModeResult:
+    """One dataset under one decoding mode ("plain" is the baseline)."""
+
+    mode: str
+    prompts: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    rounds: int = 0
+    accepted: int = 0
+    accepted_per_position: list[float] = field(default_factory=list)
+    matches_plain: int | None = None  # greedy only: outputs equal to the baseline's
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tau(self) -> float:
+        return 1.0 + self.accepted / self.rounds if self.rounds else 1.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tau": self.tau, "tokens_per_second": self.tokens_per_second}
+
+
+@dataclass
+class BenchResult:
+    """Per dataset: the baseline and each speculative mode."""
+
+    datasets: dict[str, list[ModeResult]]
+    settings: dict
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(device, call) -> tuple[Generation, float]:
+    _synchronize(device)
+    start = time.perf_counter()
+    generation = call()
+    _synchronize(device)
+    return generation, time.perf_counter() - start
+
+
+def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt], modes: list[Speculation],
+              sampling: Sampling, max_new_tokens: int, stop_ids: set[int], progress=None) -> BenchResult:
+    """Decode every prompt plainly and in every mode; pool per dataset."""
+    device = target.device
+    datasets: dict[str, list[ModeResult]] = {}
+    # warm-up: allocator, kernels and lazy initialisation must not land in the first timed prompt
+    if prompts:
+        warm = torch.tensor([prompts[0].input_ids])
+        generate(target, warm, 4, sampling=sampling)
+        for mode in modes:
+            generate(target, warm, 4, drafter, mode, sampling)
+    for prompt in prompts:
+        results = datasets.setdefault(prompt.dataset, [ModeResult("plain"), *(ModeResult(m.label()) for m in modes)])
+        ids = torch.tensor([prompt.input_ids])
+        plain, seconds = _timed(device, lambda ids=ids: generate(target, ids, max_new_tokens, sampling=sampling,
+                                                                 stop_ids=stop_ids))
+        _add(results[0], plain, seconds)
+        for mode, result in zip(modes, results[1:], strict=True):
+            spec, seconds = _timed(device, lambda ids=ids, mode=mode: generate(target, ids, max_new_tokens, drafter, mode,
+                                                                                 sampling, stop_ids))
+            _add(result, spec, seconds)
+            if sampling.greedy:
+                result.matches_plain = (result.matches_plain or 0) + (spec.tokens == plain.tokens)
+        if progress is not None:
+            progress(1)
+    for results in datasets.values():
+        for result in results[1:]:
+            result.accepted_per_position = [x / max(1, result.rounds) for x in result.accepted_per_position]
+    settings = {"modes": [m.label() for m in modes], "temperature": sampling.temperature, "top_p": sampling.top_p,
+                "max_new_tokens": max_new_tokens, "device": str(device)}
+    return BenchResult(datasets=datasets, settings=settings)
+
+
+def _add(result: ModeResult, generation: Generation, seconds: float) -> None:
+    result.prompts += 1
+    result.new_tokens += len(generation.tokens)
+    result.seconds += seconds
+    result.rounds += generation.rounds
+    result.accepted += sum(generation.accepted)
+    depth = generation.max_depth
+    if len(result.accepted_per_position) < depth:
+        result.accepted_per_position += [0.0] * (depth - len(result.accepted_per_position))
+    for i in range(depth):  # counts for now; divided by rounds at the end
+        result.accepted_per_position[i] += sum(a > i for a in generation.accepted)
