@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 import zoo
 from eyas.bench.prompts import holdout_prompts, humaneval_problems, load_prompts, mt_bench_questions, render
-from eyas.bench.run import parse_mode
+from eyas.bench.run import parse_mode, parse_modes
 from eyas.cli import app
 from eyas.data.samples import Sample, read_samples, write_samples
 from eyas.errors import EyasError
@@ -78,6 +78,7 @@ def test_modes_parse_or_explain():
     assert parse_mode("chain:5").draft_length == 5
     tree = parse_mode("tree:60,7,10")
     assert (tree.total, tree.depth, tree.top_k) == (60, 7, 10)
+    assert [m.label() for m in parse_modes("chain:5,tree:60,7,10")] == ["chain:5", "tree:60,7,10"]
     for bad in ("chain", "tree:60,7", "beam:3", "chain:x"):
         with pytest.raises(EyasError, match="chain:K"):
             parse_mode(bad)

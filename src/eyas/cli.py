@@ -289,12 +289,12 @@ def bench(
     from eyas.bench import load_engine
     from eyas.bench.prompts import load_prompts
     from eyas.bench.report import markdown, write_report
-    from eyas.bench.run import parse_mode, run_bench
+    from eyas.bench.run import parse_modes, run_bench
     from eyas.engine.verify import Sampling
     from eyas.progress import progress_bar
 
     with _user_errors():
-        modes = [parse_mode(m) for m in _split_modes(mode)]
+        modes = parse_modes(mode)
         capacity = max_prompt_tokens + max_new_tokens + max(m.total if m.mode == "tree" else m.draft_length for m in modes) + 1
         engine = load_engine(target, draft, capacity, device, trust_remote_code)
         chosen, dropped = load_prompts([d.strip() for d in dataset.split(",") if d.strip()], engine.target.tokenizer, data,
@@ -309,18 +309,6 @@ def bench(
         write_report(result, out, header)
     console.print(markdown(result, header), soft_wrap=True, highlight=False)
     console.print(f"wrote {out}/report.json, report.md, acceptance.png")
-
-
-def _split_modes(text: str) -> list[str]:
-    """'chain:5,tree:60,7,10' → ['chain:5', 'tree:60,7,10']: a new mode starts at each 'name:'."""
-    modes: list[str] = []
-    for part in text.replace(";", ",").split(","):
-        part = part.strip()
-        if ":" in part or not modes:
-            modes.append(part)
-        else:
-            modes[-1] += "," + part
-    return [m for m in modes if m]
 
 
 @app.command()
@@ -382,12 +370,14 @@ def generate(
 @app.command()
 def demo(
     out: Path = typer.Option(Path("eyas-demo"), "--out", help="where the demo writes its stage directories"),
+    quick: bool = typer.Option(False, "--quick", help="every stage at smoke-test size (about a minute)"),
 ) -> None:
-    """Run every built stage of the pipeline on the demo target, offline, and say what is not built yet."""
-    from eyas.demo import run_demo
+    """The whole pipeline on the demo target, offline, on a CPU: prepare, capture, train online, export,
+    check, bench; ends with a table of τ and speedup and where every artifact is."""
+    from eyas.demo import FULL, QUICK, run_demo
 
     with _user_errors():
-        run_demo(console, out)
+        run_demo(console, out, QUICK if quick else FULL)
 
 
 class _user_errors:

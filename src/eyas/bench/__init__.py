@@ -22,12 +22,13 @@ class Engine:
 
 
 def load_engine(target_spec: str, draft_dir: Path, capacity: int, device: str | None = None,
-                trust_remote_code: bool = False) -> Engine:
-    """Target (eyas' default dtype for the device) and drafter (same device and dtype), with stop ids."""
+                trust_remote_code: bool = False, dtype: torch.dtype | None = None, target=None) -> Engine:
+    """Target (eyas' default dtype for the device unless given) and drafter (same device and dtype),
+    with stop ids; ``target`` reuses an already loaded target."""
     from eyas.export.load import load_drafter
     from eyas.target.loading import load_target
 
-    target = load_target(target_spec, device=device, trust_remote_code=trust_remote_code)
+    target = target or load_target(target_spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     layout = target.layout
     drafter = load_drafter(draft_dir, layout.embed.weight, layout.num_layers, device=layout.embed.weight.device,
                            dtype=layout.embed.weight.dtype)

@@ -36,6 +36,18 @@ def parse_mode(text: str) -> Speculation:
     raise EyasError(f"mode {text!r}: write chain:K (e.g. chain:5) or tree:TOTAL,DEPTH,TOPK (e.g. tree:60,7,10)")
 
 
+def parse_modes(text: str) -> list[Speculation]:
+    """'chain:5,tree:60,7,10' → two modes: a new one starts at each 'name:' (';' also separates)."""
+    modes: list[str] = []
+    for part in text.replace(";", ",").split(","):
+        part = part.strip()
+        if ":" in part or not modes:
+            modes.append(part)
+        else:
+            modes[-1] += "," + part
+    return [parse_mode(m) for m in modes if m]
+
+
 @dataclass
 class ModeResult:
     """One dataset under one decoding mode ("plain" is the baseline)."""

@@ -27,6 +27,7 @@ class DraftRunner:
         shape = (1, config.num_attention_heads, capacity, config.head_dim)  # keys stored after GQA expansion
         self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.d2t_host = drafter.d2t.cpu()  # draft → target id offsets for host-side bookkeeping (trees)
         self.length = 0  # committed positions
         self.speculative = 0  # drafted positions after them, visible until rollback
         self._commit = False

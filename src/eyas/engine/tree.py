@@ -64,12 +64,13 @@ def draft_tree(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tenso
     drafter.rollback()
     prenorm = drafter.extend(model.fc(aux.to(drafter.device, drafter.dtype)), next_tokens, positions, commit=True)[:, -1:]
     base = int(positions[0, -1])  # the drafter runs a depth-d node at base + d (its row holds the next token)
+    d2t = drafter.d2t_host  # tree bookkeeping stays on the host; only the layer runs on the device
     logprobs = torch.log_softmax(model.logits(prenorm)[0, -1].float(), -1)
-    scores, ids = logprobs.topk(top_k)
+    scores, ids = (t.cpu() for t in logprobs.topk(top_k))
     # every proposed node: draft id, target id, parent (index into `proposed`, -1 = root), depth, score
     proposed_ids, proposed_parents, proposed_depths, proposed_scores = [ids], [torch.full((top_k,), -1)], [1], [scores]
     frontier = torch.arange(top_k)  # indices into the flat proposal list
-    frontier_scores, frontier_tokens = scores, model.to_target_ids(ids)
+    frontier_scores, frontier_tokens = scores, ids + d2t[ids]
     frontier_hidden = prenorm.expand(1, top_k, -1)
     # drafter cache entries (speculative) in the order written: which proposal each holds
     written: list[int] = []
@@ -87,7 +88,7 @@ def draft_tree(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tenso
                                      torch.full((1, top_k), base + level - 1, dtype=torch.long), ancestors)
         written.extend(frontier.tolist())
         logprobs = torch.log_softmax(model.logits(hidden)[0].float(), -1)  # [top_k, Vd]
-        child_scores, child_ids = logprobs.topk(top_k, dim=-1)
+        child_scores, child_ids = (t.cpu() for t in logprobs.topk(top_k, dim=-1))
         child_scores = child_scores + frontier_scores[:, None]
         offset = sum(len(p) for p in proposed_ids)
         proposed_ids.append(child_ids.flatten())
@@ -98,13 +99,13 @@ def draft_tree(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tenso
         best = child_scores.flatten().topk(top_k).indices
         frontier = offset + best
         frontier_scores = child_scores.flatten()[best]
-        frontier_tokens = model.to_target_ids(child_ids.flatten()[best])
-        frontier_hidden = hidden[:, best // top_k]
+        frontier_tokens = child_ids.flatten()[best] + d2t[child_ids.flatten()[best]]
+        frontier_hidden = hidden[:, (best // top_k).to(hidden.device)]
     drafter.rollback()
-    return _select(proposed_ids, proposed_parents, proposed_depths, proposed_scores, model, root, total)
+    return _select(proposed_ids, proposed_parents, proposed_depths, proposed_scores, d2t, root, total)
 
 
-def _select(ids, parents, depths, scores, model, root: int, total: int) -> DraftTree:
+def _select(ids, parents, depths, scores, d2t: torch.Tensor, root: int, total: int) -> DraftTree:
     flat_ids, flat_parents, flat_scores = torch.cat(ids), torch.cat(parents), torch.cat(scores)
     flat_depths = torch.cat([torch.full((len(i),), d) for i, d in zip(ids, depths, strict=True)])
     order = sorted(range(len(flat_ids)), key=lambda i: (-float(flat_scores[i]), int(flat_depths[i]), i))
@@ -116,6 +117,6 @@ def _select(ids, parents, depths, scores, model, root: int, total: int) -> Draft
         if parent >= 0 and parent not in node_of:
             raise AssertionError("a selected draft node lacks its parent; scores must not increase along a path")
         tree_parents.append(0 if parent < 0 else node_of[parent])
-    tokens = model.to_target_ids(flat_ids[chosen]).cpu()
+    tokens = flat_ids[chosen] + d2t[flat_ids[chosen]]
     return DraftTree(tokens=torch.cat([torch.tensor([root]), tokens]), parents=torch.tensor(tree_parents),
                      depths=torch.cat([torch.tensor([0]), flat_depths[chosen]]))
