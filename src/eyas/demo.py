@@ -43,7 +43,7 @@ class DemoSize:
     conversations: int = 400
     max_length: int = 512  # keeps the CPU demo's forward passes short
     draft_vocab_size: int = 8192  # the lm_head is most of a CPU training step; 8k covers most demo tokens
-    train_steps: int = 80
+    train_steps: int = 50  # ~10 s each on 2 cores (the target runs online)
     token_budget: int = 2048
     ttt_steps: int = 3
     bench_prompts: int = 3  # per dataset
