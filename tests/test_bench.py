@@ -97,3 +97,15 @@ def test_generate_streams_the_same_tokens_with_and_without_a_drafter(setup):
                           on_tokens=streamed.extend)
     alone = generate(engine.target_runner, ids, 16)
     assert streamed == with_draft.tokens == alone.tokens
+
+
+def test_generate_command_streams_an_answer_and_explains_a_missing_tokenizer(setup):
+    _, target, _ = setup
+    result = CliRunner().invoke(app, ["generate", "Name a colour.", "--target", "demo", "--max-new-tokens", "6",
+                                      "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "no drafter," in result.output and "tok/s" in result.output
+    answer = result.output.split("no drafter,")[0]
+    assert len(answer.strip()) > 0
+    refused = CliRunner().invoke(app, ["generate", "Hi", "--target", target, "--device", "cpu"])
+    assert refused.exit_code == 2 and "has no tokenizer" in refused.output

@@ -334,18 +334,22 @@ def generate(
     from eyas.engine.verify import Sampling
 
     with _user_errors():
-        speculation = parse_mode(mode)
-        if draft is None:
-            from eyas.bench import Engine, stop_ids
-            from eyas.engine.target_runner import TargetRunner
-            from eyas.target.loading import load_target
+        from eyas.bench import Engine, stop_ids
+        from eyas.engine.target_runner import TargetRunner
+        from eyas.target.loading import load_target
 
-            loaded = load_target(target, device=device, trust_remote_code=trust_remote_code)
-            engine = Engine(loaded, TargetRunner(loaded.model, loaded.layout, None, 8192), None, stop_ids(loaded))
+        speculation = parse_mode(mode)
+        loaded = load_target(target, device=device, trust_remote_code=trust_remote_code)
+        if loaded.tokenizer is None:
+            raise EyasError(f"{target} has no tokenizer: eyas generate renders PROMPT with the target's chat template")
+        ids = render(loaded.tokenizer, prompt)
+        # cache sized to this prompt, the answer and one round of drafts: nothing more is allocated
+        capacity = len(ids) + max_new_tokens + max(speculation.draft_length, speculation.total) + 1
+        if draft is None:
+            engine = Engine(loaded, TargetRunner(loaded.model, loaded.layout, None, capacity), None, stop_ids(loaded))
         else:
-            engine = load_engine(target, draft, 8192, device, trust_remote_code)
+            engine = load_engine(target, draft, capacity, device, trust_remote_code, target=loaded)
         tokenizer = engine.target.tokenizer
-        ids = render(tokenizer, prompt)
         shown: list[int] = []
         printed = ""
 
