@@ -29,11 +29,11 @@ def reference_greedy(model, prompt: torch.Tensor, new_tokens: int) -> list[int]:
     return ids[0, prompt.shape[1] :].tolist()
 
 
-def runners(model, capacity=128, seed=0):
+def runners(model, capacity=128, seed=0, static_shapes=False):
     layout = discover_layout(model)
     drafter = random_drafter(tiny_config(vocab_size=layout.vocab_size, draft_vocab_size=100), seed=seed)
     drafter.load_target_embedding(layout.embed.weight)
-    return TargetRunner(model, layout, None, capacity), DraftRunner(drafter, capacity)
+    return TargetRunner(model, layout, None, capacity, static_shapes), DraftRunner(drafter, capacity)
 
 
 def prompt_of(seed: int, length: int = 10) -> torch.Tensor:
@@ -57,6 +57,18 @@ def test_speculation_is_lossless_on_every_architecture(arch):
             hf = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS,
                                 min_new_tokens=NEW_TOKENS, do_sample=False)
             assert hf[0, prompt.shape[1] :].tolist() == expected
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "deepseek_v3"])
+def test_static_shapes_decode_the_same(arch):
+    """The CUDA-graph-ready mode (attention over the whole capacity, aux taps into one buffer) changes nothing."""
+    model = ARCHITECTURES[arch][0]()
+    target, drafter = runners(model, static_shapes=True)
+    prompt = prompt_of(5)
+    expected = reference_greedy(model, prompt, NEW_TOKENS)
+    for speculation in (None, Speculation("chain", 4), Speculation("tree", top_k=4, depth=3, total=10)):
+        assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == expected
+    assert target.cache.visible == target.capacity
 
 
 class OracleDrafter(DraftRunner):

@@ -38,7 +38,11 @@ def _cache_keyword(model: nn.Module) -> str:
 class TargetRunner:
     """An HF causal LM behind a :class:`SlotCache` of ``capacity`` tokens (batch 1)."""
 
-    def __init__(self, model: nn.Module, layout: TargetLayout, layer_ids: Sequence[int] | None, capacity: int):
+    def __init__(self, model: nn.Module, layout: TargetLayout, layer_ids: Sequence[int] | None, capacity: int,
+                 static_shapes: bool = False):
+        """``static_shapes``: every forward attends over the whole capacity and the aux taps write into one
+        preallocated buffer, so a forward of n tokens always has the same shapes and addresses — what a
+        CUDA graph needs (slower in eager mode: attention spans empty slots, masked)."""
         attention = getattr(model.config, "_attn_implementation", "sdpa")
         if attention not in ("sdpa", "eager"):
             raise EyasError(f"the engine needs sdpa or eager attention (it passes tree masks); the target uses {attention!r}: "
@@ -55,7 +59,9 @@ class TargetRunner:
         # position held by each slot: the sliding-window mask compares positions, not slots
         self.slot_positions = torch.zeros(capacity, dtype=torch.long, device=self.device)
         self._cache_kwarg = _cache_keyword(model)
-        self._seen: list[torch.Tensor | None] = [None] * len(self.layer_ids)
+        self.static_shapes = static_shapes
+        self._aux: torch.Tensor | None = None  # [1, capacity, k·Ht], allocated on the first tap
+        self._tokens = 0  # tokens of the forward in flight: where the taps write
         self._calls = [0] * len(self.layer_ids)
         self._hooks = [self._tap_module(i).register_forward_pre_hook(self._hook(j), with_kwargs=True)
                        for j, i in enumerate(self.layer_ids)]
@@ -65,8 +71,15 @@ class TargetRunner:
 
     def _hook(self, index: int):
         def record(module, args, kwargs):
+            if not self._tokens:
+                return  # the model runs for someone else (e.g. transformers' generate): not ours to record
             self._calls[index] += 1
-            self._seen[index] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+            hidden = (args[0] if args else kwargs["hidden_states"]).detach()
+            width = hidden.shape[-1]
+            if self._aux is None:
+                self._aux = hidden.new_empty(1, self.capacity, width * len(self.layer_ids))
+            # a copy into its slice, not a reference: the model may update its residual in place
+            self._aux[:, : self._tokens, index * width : (index + 1) * width].copy_(hidden)
         return record
 
     def close(self) -> None:
@@ -92,19 +105,25 @@ class TargetRunner:
                             "raise max_length (prompt + new tokens + draft tokens)")
         slots = torch.arange(self.length, self.length + n, device=self.device)
         self.cache.slots = slots
-        self.cache.visible = self.length + n  # eager: attend over what exists, not the whole capacity
+        # eager: attend over what exists; static shapes: over the whole capacity, the rest masked
+        self.cache.visible = self.capacity if self.static_shapes else self.length + n
+        self._tokens = n
         positions = positions.to(self.device)
         self.slot_positions[slots] = positions[0]
         mask = self._mask(n, positions[0], tree_mask)
         self._calls = [0] * len(self.layer_ids)
-        out = self.model(input_ids=token_ids.to(self.device), position_ids=positions, attention_mask=mask,
-                         use_cache=True, **{self._cache_kwarg: self.cache})
+        try:
+            out = self.model(input_ids=token_ids.to(self.device), position_ids=positions, attention_mask=mask,
+                             use_cache=True, **{self._cache_kwarg: self.cache})
+        finally:
+            self._tokens = 0
         bad = [i for i, calls in zip(self.layer_ids, self._calls, strict=True) if calls != 1]
         if bad:
             raise CaptureError(f"the aux taps at layer ids {bad} fired {[self._calls[self.layer_ids.index(i)] for i in bad]} "
                                "times in one forward (expected once): the target must run its decoder layers as "
                                "Python modules (not compiled or graph-replayed without eyas' own graphs)")
-        return out.logits, torch.cat(self._seen, dim=-1)
+        aux = self._aux[:, :n]
+        return out.logits, aux if self.static_shapes else aux.clone()  # static: valid until the next forward
 
     def commit(self, keep: torch.Tensor) -> None:
         """Keep the new tokens at indices ``keep`` (ascending) of the last forward, in that order."""
@@ -117,15 +136,16 @@ class TargetRunner:
         self.length += len(keep)
 
     def _mask(self, n: int, positions: torch.Tensor, tree_mask: torch.Tensor | None):
-        """Additive float mask [1, 1, n, length + n] (a dict per layer type when some layers slide)."""
-        visible = torch.zeros(n, self.length + n, dtype=torch.bool, device=self.device)
+        """Additive float mask [1, 1, n, visible slots] (a dict per layer type when some layers slide)."""
+        width = self.cache.visible
+        visible = torch.zeros(n, width, dtype=torch.bool, device=self.device)
         visible[:, : self.length] = True
         new = tree_mask.to(self.device) if tree_mask is not None else torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         visible[:, self.length : self.length + n] = new
         full = self._additive(visible)
         if self.sliding_window is None:
             return full
-        near = (positions[:, None] - self.slot_positions[None, : self.length + n]) < self.sliding_window
+        near = (positions[:, None] - self.slot_positions[None, :width]) < self.sliding_window
         return {"full_attention": full, "sliding_attention": self._additive(visible & near)}
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
