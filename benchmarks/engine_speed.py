@@ -14,27 +14,16 @@ import argparse
 import datetime
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from eyas.bench import load_engine
 from eyas.bench.prompts import mt_bench_questions, render
-from eyas.bench.run import parse_modes
+from eyas.bench.run import parse_modes, timed
 from eyas.engine.decode import generate
 
 RESULTS = Path(__file__).with_name("results")
-
-
-def timed(device: torch.device, call):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    out = call()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return out, time.perf_counter() - start
 
 
 def hf_static(model, ids: torch.Tensor, max_new: int, stop: set[int]) -> list[int]:

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from eyas.data.samples import read_samples
+from eyas.bench import stop_ids
+from eyas.bench.prompts import holdout_prompts
 from eyas.engine.decode import Speculation, generate
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
@@ -44,16 +45,12 @@ WORKER = Path(__file__).with_name("vllm_greedy_worker.py")
 RESULTS = Path(__file__).with_name("results")
 
 
-def holdout_prompts(data_dir: Path, count: int, max_prompt: int = 512) -> list[list[int]]:
-    """Token ids up to the first assistant token of each holdout sample: the first user turn as the
-    chat template renders it, generation prompt included."""
-    prompts = []
-    for sample in read_samples(data_dir / "holdout.parquet"):
-        masked = sample.loss_mask.nonzero()[0]
-        if len(masked) and 8 <= masked[0] <= max_prompt:
-            ids = sample.input_ids[: masked[0]].tolist()
-            if ids not in prompts:
-                prompts.append(ids)
+def first_prompts(data_dir: Path, count: int, min_prompt: int = 8, max_prompt: int = 512) -> list[list[int]]:
+    """The first ``count`` distinct holdout prompts (eyas bench's sharegpt-holdout) of a usable length."""
+    prompts: list[list[int]] = []
+    for prompt in holdout_prompts(data_dir):
+        if min_prompt <= len(prompt.input_ids) <= max_prompt and prompt.input_ids not in prompts:
+            prompts.append(prompt.input_ids)
         if len(prompts) == count:
             break
     return prompts
@@ -138,9 +135,8 @@ def main() -> None:
 
     target = load_target(args.target, device="cpu", dtype=torch.float32)
     text = text_config(target.model.config)
-    eos = target.model.generation_config.eos_token_id
-    stop = {*(eos if isinstance(eos, list) else [eos] if eos is not None else []), target.tokenizer.eos_token_id} - {None}
-    prompts = holdout_prompts(args.data, args.prompts)
+    stop = stop_ids(target)
+    prompts = first_prompts(args.data, args.prompts)
     work = Path(tempfile.mkdtemp(prefix="eyas-vllm-acceptance-"))
     layers = int(text.num_hidden_layers)
     shifted_ids = {name: shifted_export(args.draft, work / f"draft-{name}", text.model_type, layers, shift)

@@ -295,7 +295,7 @@ def bench(
 
     with _user_errors():
         modes = parse_modes(mode)
-        capacity = max_prompt_tokens + max_new_tokens + max(m.total if m.mode == "tree" else m.draft_length for m in modes) + 1
+        capacity = max_prompt_tokens + max_new_tokens + max(m.draft_tokens for m in modes) + 1
         engine = load_engine(target, draft, capacity, device, trust_remote_code)
         chosen, dropped = load_prompts([d.strip() for d in dataset.split(",") if d.strip()], engine.target.tokenizer, data,
                                        prompts, max_prompt_tokens)
@@ -327,24 +327,22 @@ def generate(
     """Stream the target's answer to PROMPT, speculating with DRAFT_DIR; print τ and tokens/s at the end."""
     import time
 
-    from eyas.bench import load_engine, prompt_tensor
+    from eyas.bench import Engine, load_engine, prompt_tensor, stop_ids
     from eyas.bench.prompts import render
     from eyas.bench.run import parse_mode
     from eyas.engine.decode import generate as decode
+    from eyas.engine.target_runner import TargetRunner
     from eyas.engine.verify import Sampling
+    from eyas.target.loading import load_target
 
     with _user_errors():
-        from eyas.bench import Engine, stop_ids
-        from eyas.engine.target_runner import TargetRunner
-        from eyas.target.loading import load_target
-
         speculation = parse_mode(mode)
         loaded = load_target(target, device=device, trust_remote_code=trust_remote_code)
         if loaded.tokenizer is None:
             raise EyasError(f"{target} has no tokenizer: eyas generate renders PROMPT with the target's chat template")
         ids = render(loaded.tokenizer, prompt)
         # cache sized to this prompt, the answer and one round of drafts: nothing more is allocated
-        capacity = len(ids) + max_new_tokens + max(speculation.draft_length, speculation.total) + 1
+        capacity = len(ids) + max_new_tokens + speculation.draft_tokens + 1
         if draft is None:
             engine = Engine(loaded, TargetRunner(loaded.model, loaded.layout, None, capacity), None, stop_ids(loaded))
         else:

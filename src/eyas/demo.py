@@ -102,10 +102,9 @@ def run_demo(console: Console, out: Path, size: DemoSize = FULL) -> None:
     run = out / "run"
     trained = None
     if latest_checkpoint(run) is None:
-        result = train(TrainOptions(target="demo", out=run, data=out / "data", online=True, max_steps=size.train_steps,
+        trained = result = train(TrainOptions(target="demo", out=run, data=out / "data", online=True, max_steps=size.train_steps,
                                     ttt_steps=size.ttt_steps, token_budget=size.token_budget,
                                     checkpoint_every=size.train_steps, eval_batches=4, lr=1e-3, warmup_ratio=0.05))
-        trained = result
         console.print(f"{result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; holdout loss "
                       f"{result.initial_eval['loss']:.3f} → {result.final_eval['loss']:.3f}, simulated τ "
                       f"{result.initial_eval['tau']:.2f} → {result.final_eval['tau']:.2f}", soft_wrap=True)
@@ -129,9 +128,11 @@ def _bench(console: Console, out: Path, draft: Path, size: DemoSize) -> dict:
     from eyas.engine.verify import Sampling
 
     modes = parse_modes(size.modes)
-    engine = load_engine("demo", draft, 1024 + size.bench_tokens + 32, "cpu")
+    max_prompt_tokens = 1024
+    capacity = max_prompt_tokens + size.bench_tokens + max(m.draft_tokens for m in modes) + 1
+    engine = load_engine("demo", draft, capacity, "cpu")
     prompts, _ = load_prompts(["mt-bench", "humaneval", "sharegpt-holdout"], engine.target.tokenizer, out / "data",
-                              size.bench_prompts, 1024)
+                              size.bench_prompts, max_prompt_tokens)
     result = run_bench(engine.target_runner, engine.draft_runner, prompts, modes, Sampling(), size.bench_tokens,
                        engine.stop_ids)
     write_report(result, out / "bench", {"target": "demo", "draft": str(draft), "datasets": "mt-bench,humaneval,sharegpt-holdout"})

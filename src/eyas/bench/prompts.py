@@ -63,31 +63,28 @@ def render(tokenizer, text: str) -> list[int]:
     return list(ids[0] if ids and isinstance(ids[0], list) else ids)
 
 
-def holdout_prompts(data_dir: Path) -> list[Prompt]:
+def prompt_part(sample) -> list[int] | None:
+    """A prepared sample's ids before its first assistant (loss-masked) token, or None when it has none."""
+    masked = sample.loss_mask.nonzero()[0]
+    return sample.input_ids[: masked[0]].tolist() if len(masked) else None
+
+
+def holdout_prompts(data_dir: Path | None) -> list[Prompt]:
     """The prompt part (up to the first assistant token) of each held-out conversation."""
     from eyas.data.samples import read_samples
 
-    path = Path(data_dir) / "holdout.parquet"
-    if not path.is_file():
-        raise EyasError(f"{path} is missing: sharegpt-holdout needs --data DATA_DIR from `eyas prepare`")
-    out = []
-    for sample in read_samples(path):
-        masked = sample.loss_mask.nonzero()[0]
-        if len(masked) and masked[0] > 0:
-            out.append(Prompt("sharegpt-holdout", sample.id, sample.input_ids[: masked[0]].tolist()))
-    return out
+    path = Path(data_dir) / "holdout.parquet" if data_dir else None
+    if path is None or not path.is_file():
+        raise EyasError(f"{path or 'DATA_DIR/holdout.parquet'} is missing: sharegpt-holdout needs --data DATA_DIR "
+                        "from `eyas prepare`")
+    return [Prompt("sharegpt-holdout", sample.id, ids) for sample in read_samples(path) if (ids := prompt_part(sample))]
 
 
 def training_openings(data_dir: Path) -> set[tuple[int, ...]]:
     """The prompt part of every training conversation, to keep benchmark prompts out of training."""
     from eyas.data.samples import read_samples
 
-    openings = set()
-    for sample in read_samples(Path(data_dir) / "train.parquet"):
-        masked = sample.loss_mask.nonzero()[0]
-        if len(masked):
-            openings.add(tuple(sample.input_ids[: masked[0]].tolist()))
-    return openings
+    return {tuple(ids) for sample in read_samples(Path(data_dir) / "train.parquet") if (ids := prompt_part(sample)) is not None}
 
 
 def load_prompts(datasets: list[str], tokenizer, data_dir: Path | None, limit: int | None,
@@ -99,7 +96,7 @@ def load_prompts(datasets: list[str], tokenizer, data_dir: Path | None, limit: i
     prompts: list[Prompt] = []
     for name in datasets:
         if name == "sharegpt-holdout":
-            rows = holdout_prompts(data_dir) if data_dir else holdout_prompts(Path("__missing__"))
+            rows = holdout_prompts(data_dir)
         else:
             source = mt_bench_questions() if name == "mt-bench" else humaneval_problems()
             rows = [Prompt(name, key, render(tokenizer, text)) for key, text in source]

@@ -86,12 +86,13 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(device, call) -> tuple[Generation, float]:
+def timed(device: torch.device, call):
+    """(call's result, seconds), with CUDA synchronised before and after so the GPU work is counted."""
     _synchronize(device)
     start = time.perf_counter()
-    generation = call()
+    result = call()
     _synchronize(device)
-    return generation, time.perf_counter() - start
+    return result, time.perf_counter() - start
 
 
 def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt], modes: list[Speculation],
@@ -108,11 +109,11 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
     for prompt in prompts:
         results = datasets.setdefault(prompt.dataset, [ModeResult("plain"), *(ModeResult(m.label()) for m in modes)])
         ids = torch.tensor([prompt.input_ids])
-        plain, seconds = _timed(device, lambda ids=ids: generate(target, ids, max_new_tokens, sampling=sampling,
+        plain, seconds = timed(device, lambda ids=ids: generate(target, ids, max_new_tokens, sampling=sampling,
                                                                  stop_ids=stop_ids))
         _add(results[0], plain, seconds)
         for mode, result in zip(modes, results[1:], strict=True):
-            spec, seconds = _timed(device, lambda ids=ids, mode=mode: generate(target, ids, max_new_tokens, drafter, mode,
+            spec, seconds = timed(device, lambda ids=ids, mode=mode: generate(target, ids, max_new_tokens, drafter, mode,
                                                                                  sampling, stop_ids))
             _add(result, spec, seconds)
             if sampling.greedy:

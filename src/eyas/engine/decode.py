@@ -34,6 +34,11 @@ class Speculation:
     total: int = 60
 
     @property
+    def draft_tokens(self) -> int:
+        """Tokens verified after the root each round: what the caches must hold beyond the answer."""
+        return self.draft_length if self.mode == "chain" else self.total
+
+    @property
     def max_depth(self) -> int:
         return self.draft_length if self.mode == "chain" else self.depth
 
