@@ -142,7 +142,9 @@ def _check_tensors(config: dict, header: dict[str, tuple[list[int], str]], resul
             result.errors.append("d2t is present although the draft vocabulary equals the target's: vLLM's loader rejects it")
         elif name == "embed_tokens.weight":
             result.warnings.append("embed_tokens.weight is present although the drafter is as wide as the target: SGLang "
-                                   "replaces it by the target's, vLLM loads it; harmless when it is the target's embedding")
+                                   "replaces it by the target's and current vLLM loads it (harmless when it is the target's "
+                                   "embedding), but older vLLM builds without an optional draft embedding fail on the name; "
+                                   "drop it for a directory that loads everywhere")
         else:
             result.errors.append(f"unexpected tensor {name}: vLLM's loader rejects names it does not know, SGLang skips them")
 
