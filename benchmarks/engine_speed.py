@@ -1,11 +1,14 @@
 """Tokens/s of eyas' engine (plain, chain, tree) vs transformers' generate with a static cache, one run.
 
     python benchmarks/engine_speed.py --target demo --draft DRAFT_DIR [--prompts 10] [--max-new-tokens 256]
-        [--modes chain:5,tree:60,7,10] [--device cuda] [--out benchmarks/results/engine_speed_<machine>_<date>.json]
+        [--modes chain:5,tree:60,7,10] [--variants eager,graphs,compile] [--device cuda]
+        [--out benchmarks/results/engine_speed_<machine>_<date>.json]
 
 MT-bench first turns, batch 1, greedy. Every decoder runs every prompt after a warm-up; the table
 gives tokens/s and τ, and the ratios the engine issue sets as targets (eyas plain vs transformers
-static, eyas speculative vs eyas plain). On a GPU, CUDA is synchronised around every timed call.
+static, eyas speculative vs eyas plain of the same variant). Variants of eyas' engine: ``eager``
+(no CUDA graphs), ``graphs`` (decoding steps replayed from CUDA graphs), ``compile`` (the target's
+steps fused by torch.compile, then recorded). On a GPU, CUDA is synchronised around every timed call.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
+from transformers import StaticCache
 
 from eyas.bench import load_engine
 from eyas.bench.prompts import mt_bench_questions, render
@@ -26,9 +30,13 @@ from eyas.engine.decode import generate
 RESULTS = Path(__file__).with_name("results")
 
 
-def hf_static(model, ids: torch.Tensor, max_new: int, stop: set[int]) -> list[int]:
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
-                         cache_implementation="static", eos_token_id=sorted(stop), pad_token_id=sorted(stop)[0])
+def hf_static(model, cache, ids: torch.Tensor, max_new: int, stop: set[int]) -> list[int]:
+    """transformers' generate over a StaticCache (what ``cache_implementation="static"`` builds), which it
+    compiles by default. One cache of a fixed length serves every prompt (reset in between): with a
+    cache sized to each prompt, every new prompt length would recompile (and be timed compiling)."""
+    cache.reset()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=max_new,
+                         do_sample=False, eos_token_id=sorted(stop), pad_token_id=sorted(stop)[0])
     return out[0, ids.shape[1]:].tolist()
 
 
@@ -51,6 +59,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--modes", default="chain:5,tree:60,7,10")
+    parser.add_argument("--variants", default="graphs", help="comma-separated: eager, graphs, compile")
+    parser.add_argument("--no-transformers", action="store_true", help="skip transformers' static-cache generate")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
     parser.add_argument("--out", type=Path, default=None)
@@ -62,36 +72,57 @@ def main() -> None:
     device = engine.target_runner.device
     tokenizer, model = engine.target.tokenizer, engine.target.model
     prompts = [torch.tensor([render(tokenizer, text)]) for _, text in mt_bench_questions()[: args.prompts]]
-    # transformers first, without eyas' hooks on the model: torch.compile would trace them and recompile
+    results: dict[str, dict] = {}
+    if not args.no_transformers:
+        # transformers first, without eyas' hooks on the model: torch.compile would trace them and recompile
+        engine.target_runner.close()
+        cache = StaticCache(config=model.config, max_cache_len=2048)
+        static = lambda ids: hf_static(model, cache, ids.to(device), args.max_new_tokens, engine.stop_ids)  # noqa: E731
+        for ids in prompts:  # compile (and any recompile) before timing: its steady state, not its compiler
+            static(ids)
+        results["transformers static"] = measure(device, static, prompts, warm_up=False)
     engine.target_runner.close()
-    static = lambda ids: hf_static(model, ids.to(device), args.max_new_tokens, engine.stop_ids)  # noqa: E731
-    for ids in prompts:  # compile once per prompt length before timing: its steady state, not its compiler
-        static(ids)
-    results = {"transformers static": measure(device, static, prompts, warm_up=False)}
-    engine = load_engine(args.target, args.draft, 2048, args.device, dtype=dtype, target=engine.target)
-    decoders = {"eyas plain": lambda ids: generate(engine.target_runner, ids, args.max_new_tokens,
-                                                   stop_ids=engine.stop_ids).tokens}
-    taus: dict[str, list] = {}
-    for mode in modes:
-        def run(ids, mode=mode):
-            g = generate(engine.target_runner, ids, args.max_new_tokens, engine.draft_runner, mode, stop_ids=engine.stop_ids)
-            taus.setdefault(mode.label(), []).append((sum(g.accepted), g.rounds))
-            return g.tokens
-        decoders[f"eyas {mode.label()}"] = run
-    for name, decode in decoders.items():
-        decode(prompts[0])  # warm-up, then forget its acceptance counts
-        taus.clear()
-        results[name] = measure(device, decode, prompts, warm_up=False)
-        label = name.removeprefix("eyas ")
-        if label in taus:
-            accepted, rounds = map(sum, zip(*taus[label], strict=True))
-            results[name]["tau"] = 1 + accepted / rounds
-    plain = results["eyas plain"]
+    for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
+        if variant not in ("eager", "graphs", "compile"):
+            parser.error(f"unknown variant {variant!r}: eager, graphs or compile")
+        engine = load_engine(args.target, args.draft, 2048, args.device, dtype=dtype, target=engine.target,
+                             graphs=variant != "eager", compile=variant == "compile")
+        decoders = {"plain": lambda ids, engine=engine: generate(engine.target_runner, ids, args.max_new_tokens,
+                                                                  stop_ids=engine.stop_ids).tokens}
+        taus: dict[str, list] = {}
+        for mode in modes:
+            def run(ids, mode=mode, engine=engine, taus=taus):
+                g = generate(engine.target_runner, ids, args.max_new_tokens, engine.draft_runner, mode,
+                             stop_ids=engine.stop_ids)
+                taus.setdefault(mode.label(), []).append((sum(g.accepted), g.rounds))
+                return g.tokens
+            decoders[mode.label()] = run
+        for label, decode in decoders.items():
+            decode(prompts[0])  # warm-up: the target's step shapes recorded (and compiled) before timing; forget τ
+            taus.clear()
+            name = f"eyas {variant} {label}"
+            results[name] = measure(device, decode, prompts, warm_up=False)
+            results[name]["variant"] = variant
+            if label in taus:
+                accepted, rounds = map(sum, zip(*taus[label], strict=True))
+                results[name]["tau"] = 1 + accepted / rounds
+            print(f"{name}: {results[name]['tokens_per_second']:.1f} tok/s", flush=True)
+        engine.target_runner.close()
+        del engine.target_runner, engine.draft_runner
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    first = next(name for name in results if name.startswith("eyas ") and name.endswith(" plain"))
+    hf = results.get("transformers static")
     for name, r in results.items():
-        r["same_as_eyas_plain"] = sum(a == b for a, b in zip(r["outputs"], plain["outputs"], strict=True))
+        plain = results[f"eyas {r['variant']} plain"] if "variant" in r else results[first]
+        r["same_as_eyas_plain"] = sum(a == b for a, b in zip(r["outputs"], results[first]["outputs"], strict=True))
+        r["vs_variant_plain"] = r["tokens_per_second"] / plain["tokens_per_second"]
+        if hf is not None:
+            r["vs_transformers_static"] = r["tokens_per_second"] / hf["tokens_per_second"]
         tau = f"τ {r['tau']:.2f}" if "tau" in r else ""
-        print(f"{name:<24} {r['tokens_per_second']:8.1f} tok/s  {r['tokens_per_second'] / plain['tokens_per_second']:5.2f}× "
-              f"eyas plain  {tau:<8} same output as eyas plain: {r['same_as_eyas_plain']}/{len(prompts)}")
+        vs_hf = f"{r['vs_transformers_static']:5.2f}× transformers static" if hf is not None else ""
+        print(f"{name:<28} {r['tokens_per_second']:8.1f} tok/s  {r['vs_variant_plain']:5.2f}× its plain  {vs_hf}  "
+              f"{tau:<8} same output as {first}: {r['same_as_eyas_plain']}/{len(prompts)}")
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     out = args.out or RESULTS / f"engine_speed_{machine.replace(' ', '_')}_{datetime.date.today()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,8 @@ def runners(model, capacity=128, seed=0, static_shapes=False):
     layout = discover_layout(model)
     drafter = random_drafter(tiny_config(vocab_size=layout.vocab_size, draft_vocab_size=100), seed=seed)
     drafter.load_target_embedding(layout.embed.weight)
-    return TargetRunner(model, layout, None, capacity, static_shapes), DraftRunner(drafter, capacity)
+    return (TargetRunner(model, layout, None, capacity, static_shapes),
+            DraftRunner(drafter, capacity, static_shapes=static_shapes))
 
 
 def prompt_of(seed: int, length: int = 10) -> torch.Tensor:

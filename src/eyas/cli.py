@@ -280,6 +280,9 @@ def bench(
     seed: int = typer.Option(0),
     device: str | None = typer.Option(None, help="cuda or cpu (default: cuda when available)"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+    graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="on CUDA, replay decoding steps from CUDA graphs"),
+    compile: bool = typer.Option(False, "--compile/--no-compile", help="on CUDA, fuse the target's steps with "
+                                 "torch.compile before recording them (faster steps; each step shape compiles once)"),
 ) -> None:
     """Measure a drafter in eyas' engine: τ, acceptance per position, tokens/s speculative vs plain.
 
@@ -296,7 +299,7 @@ def bench(
     with _user_errors():
         modes = parse_modes(mode)
         capacity = max_prompt_tokens + max_new_tokens + max(m.draft_tokens for m in modes) + 1
-        engine = load_engine(target, draft, capacity, device, trust_remote_code)
+        engine = load_engine(target, draft, capacity, device, trust_remote_code, graphs=graphs, compile=compile)
         chosen, dropped = load_prompts([d.strip() for d in dataset.split(",") if d.strip()], engine.target.tokenizer, data,
                                        prompts, max_prompt_tokens)
         if not chosen:
@@ -323,6 +326,9 @@ def generate(
     seed: int = typer.Option(0),
     device: str | None = typer.Option(None),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+    graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="on CUDA, replay decoding steps from CUDA graphs"),
+    compile: bool = typer.Option(False, "--compile/--no-compile", help="on CUDA, fuse the target's steps with "
+                                 "torch.compile before recording them (faster steps; each step shape compiles once)"),
 ) -> None:
     """Stream the target's answer to PROMPT, speculating with DRAFT_DIR; print τ and tokens/s at the end."""
     import time
@@ -344,9 +350,11 @@ def generate(
         # cache sized to this prompt, the answer and one round of drafts: nothing more is allocated
         capacity = len(ids) + max_new_tokens + speculation.draft_tokens + 1
         if draft is None:
-            engine = Engine(loaded, TargetRunner(loaded.model, loaded.layout, None, capacity), None, stop_ids(loaded))
+            runner = TargetRunner(loaded.model, loaded.layout, None, capacity, graphs=graphs, compile=compile)
+            engine = Engine(loaded, runner, None, stop_ids(loaded))
         else:
-            engine = load_engine(target, draft, capacity, device, trust_remote_code, target=loaded)
+            engine = load_engine(target, draft, capacity, device, trust_remote_code, target=loaded, graphs=graphs,
+                                 compile=compile)
         tokenizer = engine.target.tokenizer
         shown: list[int] = []
         printed = ""

@@ -22,9 +22,11 @@ class Engine:
 
 
 def load_engine(target_spec: str, draft_dir: Path, capacity: int, device: str | None = None,
-                trust_remote_code: bool = False, dtype: torch.dtype | None = None, target=None) -> Engine:
+                trust_remote_code: bool = False, dtype: torch.dtype | None = None, target=None,
+                graphs: bool = True, compile: bool = False) -> Engine:
     """Target (eyas' default dtype for the device unless given) and drafter (same device and dtype),
-    with stop ids; ``target`` reuses an already loaded target."""
+    with stop ids; ``target`` reuses an already loaded target. ``graphs``: on CUDA, decoding steps
+    replay CUDA graphs; ``compile``: the target's steps are fused by torch.compile before recording."""
     from eyas.export.load import load_drafter
     from eyas.target.loading import load_target
 
@@ -32,8 +34,8 @@ def load_engine(target_spec: str, draft_dir: Path, capacity: int, device: str | 
     layout = target.layout
     drafter = load_drafter(draft_dir, layout.embed.weight, layout.num_layers, device=layout.embed.weight.device,
                            dtype=layout.embed.weight.dtype)
-    runner = TargetRunner(target.model, layout, drafter.config.layer_ids, capacity)
-    return Engine(target, runner, DraftRunner(drafter, capacity), stop_ids(target))
+    runner = TargetRunner(target.model, layout, drafter.config.layer_ids, capacity, graphs=graphs, compile=compile)
+    return Engine(target, runner, DraftRunner(drafter, capacity, graphs=graphs), stop_ids(target))
 
 
 def stop_ids(target) -> set[int]:

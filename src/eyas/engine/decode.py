@@ -91,7 +91,7 @@ class _Chooser:
 
     def walk(self, tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
         if self.sampling.greedy:
-            return walk_greedy(tree, logits.cpu())
+            return walk_greedy(tree, logits)  # the argmax on the logits' device: n ids cross, not n·V logits
         return walk_sampling(tree, target_probs(logits.cpu(), self.sampling), self.generator)
 
 

@@ -6,6 +6,13 @@ another, and ``rollback`` drops them all before the next round commits what the 
 The layer itself is :meth:`Eagle3Drafter.layer`, the same code training runs (only attention differs),
 and the chained step is :mod:`eyas.drafter.step`'s rule: hidden = previous pre-norm output, token =
 previous draft mapped to a target id, position + 1.
+
+Every step sees the committed positions and a window of speculative ones after them: which of the
+window's entries each new position sees is a bool mask [n, window] (a chain sees all earlier drafts
+and the new ones causally; a tree node its ancestors). With ``static_shapes`` (and on CUDA
+``graphs``) each step reads its inputs from per-shape buffers, attends over the whole capacity and
+builds that mask on the device, and also returns its top-k draft log-probabilities, so a step is one
+graph replay (:mod:`eyas.engine.graphs`).
 """
 
 from __future__ import annotations
@@ -14,12 +21,13 @@ import torch
 import torch.nn.functional as F
 
 from eyas.drafter.model import Eagle3Drafter
+from eyas.engine.graphs import StepGraphs, copy_in
 
 
 class DraftRunner:
     """An :class:`Eagle3Drafter` with a KV cache of ``capacity`` positions (batch 1)."""
 
-    def __init__(self, drafter: Eagle3Drafter, capacity: int):
+    def __init__(self, drafter: Eagle3Drafter, capacity: int, static_shapes: bool = False, graphs: bool = False):
         self.drafter, self.capacity = drafter, capacity
         param = drafter.fc.weight
         self.device, self.dtype = param.device, param.dtype
@@ -30,8 +38,12 @@ class DraftRunner:
         self.d2t_host = drafter.d2t.cpu()  # draft → target id offsets for host-side bookkeeping (trees)
         self.length = 0  # committed positions
         self.speculative = 0  # drafted positions after them, visible until rollback
-        self._commit = False
-        self._speculative_mask: torch.Tensor | None = None
+        self.static_shapes = static_shapes or graphs
+        self.graphs = StepGraphs(self.device, enabled=graphs)
+        self._slot_index = torch.arange(capacity, device=self.device)
+        self._offsets = torch.zeros(2, dtype=torch.long, device=self.device)  # committed length, first new slot
+        self._inputs: dict[tuple, tuple[torch.Tensor, ...]] = {}
+        self._window: torch.Tensor | None = None  # the mask of the step being run [n, window]
 
     def reset(self) -> None:
         self.length = self.speculative = 0
@@ -40,55 +52,118 @@ class DraftRunner:
         """Forget this round's drafted positions."""
         self.speculative = 0
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        n = q.shape[2]
-        start = self.length + self.speculative
-        if start + n > self.capacity:
-            raise ValueError(f"the drafter cache holds {self.capacity} positions, {start + n} needed")
-        self.keys[:, :, start : start + n] = k
-        self.values[:, :, start : start + n] = v
-        visible = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
-        if self._speculative_mask is not None:  # a tree: which drafted entries (and new ones) each query sees
-            visible[:, self.length :] = self._speculative_mask.to(self.device)
-        else:  # a chain: every drafted entry, the new ones causally
-            visible[:, start:] = visible[:, start:].tril()
-        if self._commit:
-            self.length += n
-        else:
-            self.speculative += n
-        return F.scaled_dot_product_attention(q, self.keys[:, :, : start + n], self.values[:, :, : start + n], attn_mask=visible)
-
     @torch.no_grad()
     def extend(self, hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, commit: bool) -> torch.Tensor:
         """Run the layer on ``hidden`` [1, n, H] and tokens [1, n] → pre-norm outputs [1, n, H]; the new
         positions see everything cached and each other causally."""
-        self._commit, self._speculative_mask = commit, None
-        return self.drafter.layer(hidden, token_ids.to(self.device), positions.to(self.device), self._attend)
+        return self.step(hidden, token_ids, positions, self._causal_window(token_ids.shape[1]), commit)[0]
 
     @torch.no_grad()
     def extend_tree(self, hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
                     speculative_mask: torch.Tensor) -> torch.Tensor:
         """Draft n tree nodes at once: ``speculative_mask`` [n, drafted + n] says which drafted entries
         (in the order written) and which new nodes each sees; committed positions are always seen."""
-        self._commit, self._speculative_mask = False, speculative_mask
-        try:
-            return self.drafter.layer(hidden, token_ids.to(self.device), positions.to(self.device), self._attend)
-        finally:
-            self._speculative_mask = None
+        return self.step(hidden, token_ids, positions, speculative_mask, commit=False)[0]
+
+    def _causal_window(self, n: int) -> torch.Tensor:
+        window = torch.ones(n, self.speculative + n, dtype=torch.bool)
+        window[:, self.speculative :] = window[:, self.speculative :].tril()
+        return window
+
+    @torch.no_grad()
+    def step(self, x: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, window: torch.Tensor,
+             commit: bool, top_k: int = 0, from_target: bool = False):
+        """One layer pass over n new positions → (pre-norm [1, n, H], top-k log-probs [n, top_k], their
+        draft ids [n, top_k]) — the last two None when ``top_k`` is 0. ``x``: the hidden states [1, n, H],
+        or the target's aux states [1, n, k·Ht] when ``from_target`` (fc applied first). ``window``
+        [n, speculative + n]: which speculative entries and new positions each sees. ``commit``: the new
+        positions join the committed ones (only right after a rollback)."""
+        n = token_ids.shape[1]
+        if commit and self.speculative:
+            raise ValueError("commit the target's states before drafting (after rollback)")
+        if self.length + self.speculative + n > self.capacity:
+            raise ValueError(f"the drafter cache holds {self.capacity} positions, {self.length + self.speculative + n} needed")
+        if self.static_shapes:
+            out = self._step_static(x, token_ids, positions, window, top_k, from_target)
+        else:
+            self._window = window.to(self.device)
+            out = self._compute(x.to(self.device), token_ids.to(self.device), positions.to(self.device), top_k,
+                                from_target, self._attend)
+        if commit:
+            self.length += n
+        else:
+            self.speculative += n
+        return out
+
+    def _compute(self, x, token_ids, positions, top_k: int, from_target: bool, attend):
+        hidden = self.drafter.fc(x.to(self.dtype)) if from_target else x
+        prenorm = self.drafter.layer(hidden, token_ids, positions, attend)
+        if not top_k:
+            return prenorm, None, None
+        logprobs = torch.log_softmax(self.drafter.logits(prenorm)[0].float(), -1)
+        scores, ids = logprobs.topk(top_k, dim=-1)
+        return prenorm, scores, ids
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Eager: keys written at [start, start + n), attention over [0, start + n)."""
+        n, start = q.shape[2], self.length + self.speculative
+        self.keys[:, :, start : start + n] = k
+        self.values[:, :, start : start + n] = v
+        visible = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
+        visible[:, self.length :] = self._window
+        return F.scaled_dot_product_attention(q, self.keys[:, :, : start + n], self.values[:, :, : start + n], attn_mask=visible)
+
+    def _step_static(self, x, token_ids, positions, window, top_k: int, from_target: bool):
+        n, width = token_ids.shape[1], window.shape[1]
+        key = (n, width, top_k, from_target)
+        if key not in self._inputs:
+            self._inputs[key] = (torch.zeros(1, n, x.shape[-1], dtype=self.dtype if not from_target else x.dtype,
+                                             device=self.device),
+                                 torch.zeros(1, n, dtype=torch.long, device=self.device),
+                                 torch.zeros(1, n, dtype=torch.long, device=self.device),
+                                 torch.zeros(n, width, dtype=torch.bool, device=self.device))
+        xs, ids, where, mask = self._inputs[key]
+        copy_in(xs, x)
+        copy_in(ids, token_ids)
+        copy_in(where, positions)
+        copy_in(mask, window)
+        copy_in(self._offsets, torch.tensor([self.length, self.length + self.speculative]))
+
+        def run():
+            self._window = mask
+            return self._compute(xs, ids, where, top_k, from_target, self._attend_static)
+        return self.graphs.run(key, run)
+
+    def _attend_static(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Static shapes: keys written at slots from the device-held offsets, attention over the whole
+        capacity; slot s is seen when committed, or when it lies in the window and the mask allows it."""
+        n, width = q.shape[2], self._window.shape[1]
+        slots = self._offsets[1] + self._slot_index[:n]
+        self.keys.index_copy_(2, slots, k)
+        self.values.index_copy_(2, slots, v)
+        relative = self._slot_index - self._offsets[0]  # slot's place in the window (negative: committed)
+        in_window = (relative >= 0) & (relative < width)
+        visible = (relative < 0) | (self._window[:, relative.clamp(0, width - 1)] & in_window)
+        return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=visible)
 
     @torch.no_grad()
     def draft_chain(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor, steps: int) -> torch.Tensor:
         """Commit the target states ``aux`` [1, n, k·Ht] (each with the token after it, [1, n]) and
-        draft ``steps`` tokens greedily after them → target ids [steps]."""
+        draft ``steps`` tokens greedily after them → target ids [steps] (on the drafter's device: no
+        host synchronisation between steps)."""
         self.rollback()
-        prenorm = self.extend(self.drafter.fc(aux.to(self.device, self.dtype)), next_tokens, positions, commit=True)[:, -1:]
-        position = positions[:, -1:].to(self.device)
-        drafted = []
-        for step in range(steps):
-            token = self.drafter.to_target_ids(self.drafter.logits(prenorm).argmax(-1))  # [1, 1]
+        n = next_tokens.shape[1]
+        prenorm, _, ids = self.step(aux, next_tokens, positions, torch.ones(n, n, dtype=torch.bool).tril(), commit=True,
+                                    top_k=1, from_target=True)
+        prenorm = prenorm[:, -1:]
+        token = self.drafter.to_target_ids(ids[-1:, :1]).view(1, 1)
+        position = int(positions[0, -1])
+        drafted = [token]
+        for _ in range(1, steps):
+            position += 1
+            prenorm, _, ids = self.step(prenorm, token, torch.tensor([[position]]), self._causal_window(1), commit=False,
+                                        top_k=1)
+            token = self.drafter.to_target_ids(ids[:, :1]).view(1, 1)
             drafted.append(token)
-            if step + 1 < steps:
-                position = position + 1
-                prenorm = self.extend(prenorm, token, position, commit=False)
         self.rollback()
         return torch.cat(drafted, dim=1)[0]

@@ -25,6 +25,7 @@ class SlotCache(Cache):
         self.slots: torch.Tensor | None = None  # where this forward's tokens go, set before each forward
         self.visible = capacity  # slots [0, visible) are returned to attention (the mask's width)
         self.layers = []  # Cache API: no HF layer objects; everything below is overridden
+        self._stacked: torch.Tensor | None = None  # every layer's keys and values in one tensor, once consolidated
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if self.keys[layer_idx] is None:
@@ -36,8 +37,24 @@ class SlotCache(Cache):
         self.values[layer_idx].index_copy_(2, self.slots, value_states)
         return self.keys[layer_idx][:, :, : self.visible], self.values[layer_idx][:, :, : self.visible]
 
+    def consolidate(self) -> None:
+        """Once every layer is allocated: when all keys and values share one shape, keep them in one
+        tensor (each layer's a view), so that a compaction is two kernels rather than four per layer."""
+        buffers = [*self.keys, *self.values]
+        if self._stacked is not None or any(b is None for b in buffers):
+            return
+        if len({(b.shape, b.dtype) for b in buffers}) != 1:
+            return
+        self._stacked = torch.stack(buffers)
+        layers = len(self.keys)
+        self.keys = [self._stacked[i] for i in range(layers)]
+        self.values = [self._stacked[layers + i] for i in range(layers)]
+
     def move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
         """Copy the entries at slots ``source`` to slots ``destination`` in every layer (tree compaction)."""
+        if self._stacked is not None:
+            self._stacked.index_copy_(3, destination, self._stacked.index_select(3, source))
+            return
         for cache in (*self.keys, *self.values):
             if cache is not None:
                 cache.index_copy_(2, destination, cache.index_select(2, source))

@@ -12,15 +12,19 @@ model that skips them is refused rather than drafting from stale states.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from eyas.engine.graphs import StepGraphs, copy_in
 from eyas.engine.kv import SlotCache
 from eyas.errors import CaptureError, EyasError
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
 from eyas.target.layout import TargetLayout, text_config
+
+log = logging.getLogger(__name__)
 
 
 def _cache_keyword(model: nn.Module) -> str:
@@ -39,10 +43,14 @@ class TargetRunner:
     """An HF causal LM behind a :class:`SlotCache` of ``capacity`` tokens (batch 1)."""
 
     def __init__(self, model: nn.Module, layout: TargetLayout, layer_ids: Sequence[int] | None, capacity: int,
-                 static_shapes: bool = False):
-        """``static_shapes``: every forward attends over the whole capacity and the aux taps write into one
-        preallocated buffer, so a forward of n tokens always has the same shapes and addresses — what a
-        CUDA graph needs (slower in eager mode: attention spans empty slots, masked)."""
+                 static_shapes: bool = False, graphs: bool = False, compile: bool = False):
+        """``static_shapes``: every forward after the prefill attends over the whole capacity, reads its
+        inputs from per-shape buffers and builds its mask on the device from the committed length, so a
+        forward of n tokens always has the same shapes and addresses — what a CUDA graph needs (slower
+        in eager mode: attention spans empty slots, masked). ``graphs`` (implies static shapes): on
+        CUDA, replay those forwards from CUDA graphs (:mod:`eyas.engine.graphs`), ``compile``: fused by
+        ``torch.compile`` first. A target whose forward cannot be recorded (data-dependent MoE routing
+        on the host, say) falls back to eager forwards with a warning."""
         attention = getattr(model.config, "_attn_implementation", "sdpa")
         if attention not in ("sdpa", "eager"):
             raise EyasError(f"the engine needs sdpa or eager attention (it passes tree masks); the target uses {attention!r}: "
@@ -59,7 +67,11 @@ class TargetRunner:
         # position held by each slot: the sliding-window mask compares positions, not slots
         self.slot_positions = torch.zeros(capacity, dtype=torch.long, device=self.device)
         self._cache_kwarg = _cache_keyword(model)
-        self.static_shapes = static_shapes
+        self.static_shapes = static_shapes or graphs
+        self.graphs = StepGraphs(self.device, enabled=graphs, compile=compile)
+        self._inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # n → ids, positions, tree
+        self._length_on_device = torch.zeros((), dtype=torch.long, device=self.device)
+        self._slot_index = torch.arange(capacity, device=self.device)
         self._aux: torch.Tensor | None = None  # [1, capacity, k·Ht], allocated on the first tap
         self._tokens = 0  # tokens of the forward in flight: where the taps write
         self._calls = [0] * len(self.layer_ids)
@@ -98,22 +110,33 @@ class TargetRunner:
         """Run ``token_ids`` [1, n] at ``positions`` [1, n] → (logits [1, n, V], aux [1, n, k·Ht]).
 
         ``tree_mask`` [n, n] (True = may attend) says which new tokens each new token sees; causal if None.
+        With static shapes both results are buffers, valid until the next forward of the same length.
         """
         n = token_ids.shape[1]
         if self.length + n > self.capacity:
             raise EyasError(f"the sequence needs {self.length + n} cache slots, the engine holds {self.capacity}: "
                             "raise max_length (prompt + new tokens + draft tokens)")
+        if self.static_shapes and self.length > 0:
+            return self._forward_static(token_ids, positions, tree_mask)
         slots = torch.arange(self.length, self.length + n, device=self.device)
         self.cache.slots = slots
-        # eager: attend over what exists; static shapes: over the whole capacity, the rest masked
+        # eager: attend over what exists; static shapes (the prefill): over the whole capacity, the rest masked
         self.cache.visible = self.capacity if self.static_shapes else self.length + n
-        self._tokens = n
         positions = positions.to(self.device)
         self.slot_positions[slots] = positions[0]
         mask = self._mask(n, positions[0], tree_mask)
+        out = self._run_model(token_ids.to(self.device), positions, mask)
+        if self.static_shapes:
+            self.cache.consolidate()  # before any graph records the cache's addresses
+        aux = self._aux[:, :n]
+        return out.logits, aux if self.static_shapes else aux.clone()
+
+    def _run_model(self, token_ids: torch.Tensor, positions: torch.Tensor, mask):
+        n = token_ids.shape[1]
+        self._tokens = n
         self._calls = [0] * len(self.layer_ids)
         try:
-            out = self.model(input_ids=token_ids.to(self.device), position_ids=positions, attention_mask=mask,
+            out = self.model(input_ids=token_ids, position_ids=positions, attention_mask=mask,
                              use_cache=True, **{self._cache_kwarg: self.cache})
         finally:
             self._tokens = 0
@@ -122,8 +145,47 @@ class TargetRunner:
             raise CaptureError(f"the aux taps at layer ids {bad} fired {[self._calls[self.layer_ids.index(i)] for i in bad]} "
                                "times in one forward (expected once): the target must run its decoder layers as "
                                "Python modules (not compiled or graph-replayed without eyas' own graphs)")
-        aux = self._aux[:, :n]
-        return out.logits, aux if self.static_shapes else aux.clone()  # static: valid until the next forward
+        return out
+
+    def _forward_static(self, token_ids: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None):
+        n = token_ids.shape[1]
+        if n not in self._inputs:
+            self._inputs[n] = (torch.zeros(1, n, dtype=torch.long, device=self.device),
+                               torch.zeros(1, n, dtype=torch.long, device=self.device),
+                               torch.ones(n, n, dtype=torch.bool, device=self.device).tril())
+        ids, where, tree = self._inputs[n]
+        copy_in(ids, token_ids)
+        copy_in(where, positions)
+        copy_in(tree, tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril())
+        self._length_on_device.fill_(self.length)
+        try:
+            logits = self.graphs.run(n, lambda: self._static_step(ids, where, tree))
+        except Exception as error:  # anything a recording can raise: fall back, say why
+            if isinstance(error, CaptureError) or not self.graphs.enabled:
+                raise
+            log.warning("eyas: the target's forward cannot be replayed from a CUDA graph (%s: %s); decoding eagerly",
+                        type(error).__name__, error)
+            self.graphs = StepGraphs(self.device, enabled=False)
+            logits = self._static_step(ids, where, tree)
+        return logits, self._aux[:, :n]
+
+    def _static_step(self, ids: torch.Tensor, positions: torch.Tensor, tree: torch.Tensor) -> torch.Tensor:
+        """A forward of n tokens after the committed ones, every shape fixed and no host synchronisation:
+        slots and mask come from the committed length held on the device."""
+        n = ids.shape[1]
+        slots = self._length_on_device + self._slot_index[:n]
+        self.cache.slots = slots
+        self.cache.visible = self.capacity
+        self.slot_positions.index_copy_(0, slots, positions[0])
+        visible = (self._slot_index < self._length_on_device).expand(n, self.capacity).clone()
+        visible.index_copy_(1, slots, tree)
+        full = self._additive(visible)
+        if self.sliding_window is None:
+            mask = full
+        else:
+            near = (positions[0][:, None] - self.slot_positions[None, :]) < self.sliding_window
+            mask = {"full_attention": full, "sliding_attention": self._additive(visible & near)}
+        return self._run_model(ids, positions, mask).logits
 
     def commit(self, keep: torch.Tensor) -> None:
         """Keep the new tokens at indices ``keep`` (ascending) of the last forward, in that order."""

@@ -60,63 +60,57 @@ def draft_tree(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tenso
                root: int, top_k: int, depth: int, total: int) -> DraftTree:
     """Commit the target states ``aux`` (as :meth:`DraftRunner.draft_chain`) and grow a dynamic tree of
     ``total`` draft tokens after ``root`` (the token following the last of them)."""
-    model = drafter.drafter
     drafter.rollback()
-    prenorm = drafter.extend(model.fc(aux.to(drafter.device, drafter.dtype)), next_tokens, positions, commit=True)[:, -1:]
+    n = next_tokens.shape[1]
+    prenorm, scores, ids = drafter.step(aux, next_tokens, positions, torch.ones(n, n, dtype=torch.bool).tril(),
+                                        commit=True, top_k=top_k, from_target=True)
     base = int(positions[0, -1])  # the drafter runs a depth-d node at base + d (its row holds the next token)
     d2t = drafter.d2t_host  # tree bookkeeping stays on the host; only the layer runs on the device
-    logprobs = torch.log_softmax(model.logits(prenorm)[0, -1].float(), -1)
-    scores, ids = (t.cpu() for t in logprobs.topk(top_k))
-    # every proposed node: draft id, target id, parent (index into `proposed`, -1 = root), depth, score
+    scores, ids = scores[-1].cpu(), ids[-1].cpu()
+    # every proposed node: draft id, parent (index into the flat proposal list, -1 = root), depth, score
     proposed_ids, proposed_parents, proposed_depths, proposed_scores = [ids], [torch.full((top_k,), -1)], [1], [scores]
     frontier = torch.arange(top_k)  # indices into the flat proposal list
     frontier_scores, frontier_tokens = scores, ids + d2t[ids]
-    frontier_hidden = prenorm.expand(1, top_k, -1)
-    # drafter cache entries (speculative) in the order written: which proposal each holds
-    written: list[int] = []
-    flat_parents = proposed_parents[0].clone()
+    frontier_hidden = prenorm[:, -1:].expand(1, top_k, -1)
+    # the speculative drafter entries, top_k per level in the order written; row r of level L-1 holds
+    # frontier node r of that level. ancestors[r]: which written entries frontier node r descends from.
+    ancestors = torch.zeros(top_k, 0, dtype=torch.bool)
     for level in range(2, depth + 1):
-        # each frontier node sees the committed context, its written ancestors and itself
-        ancestors = torch.zeros(top_k, len(written) + top_k, dtype=torch.bool)
-        for row, node in enumerate(frontier.tolist()):
-            walk = int(flat_parents[node])
-            while walk >= 0:
-                ancestors[row, written.index(walk)] = True
-                walk = int(flat_parents[walk])
-            ancestors[row, len(written) + row] = True
-        hidden = drafter.extend_tree(frontier_hidden, frontier_tokens.view(1, -1),
-                                     torch.full((1, top_k), base + level - 1, dtype=torch.long), ancestors)
-        written.extend(frontier.tolist())
-        logprobs = torch.log_softmax(model.logits(hidden)[0].float(), -1)  # [top_k, Vd]
-        child_scores, child_ids = (t.cpu() for t in logprobs.topk(top_k, dim=-1))
-        child_scores = child_scores + frontier_scores[:, None]
+        window = torch.cat([ancestors, torch.eye(top_k, dtype=torch.bool)], dim=1)
+        hidden, child_scores, child_ids = drafter.step(
+            frontier_hidden, frontier_tokens.view(1, -1), torch.full((1, top_k), base + level - 1, dtype=torch.long),
+            window, commit=False, top_k=top_k)
+        child_scores = child_scores.cpu() + frontier_scores[:, None]
+        child_ids = child_ids.cpu()
         offset = sum(len(p) for p in proposed_ids)
         proposed_ids.append(child_ids.flatten())
         proposed_parents.append(frontier.repeat_interleave(top_k))
         proposed_depths.append(level)
         proposed_scores.append(child_scores.flatten())
-        flat_parents = torch.cat(proposed_parents)
         best = child_scores.flatten().topk(top_k).indices
+        parent_rows = best // top_k  # which frontier node (= which just-written entry) each new node extends
+        ancestors = window[parent_rows]  # a child sees what its parent saw, and its parent
         frontier = offset + best
         frontier_scores = child_scores.flatten()[best]
         frontier_tokens = child_ids.flatten()[best] + d2t[child_ids.flatten()[best]]
-        frontier_hidden = hidden[:, (best // top_k).to(hidden.device)]
+        frontier_hidden = hidden[:, parent_rows.to(hidden.device)]
     drafter.rollback()
     return _select(proposed_ids, proposed_parents, proposed_depths, proposed_scores, d2t, root, total)
 
 
 def _select(ids, parents, depths, scores, d2t: torch.Tensor, root: int, total: int) -> DraftTree:
+    """The ``total`` best proposals by score (ties: shallower, then earlier), ordered by depth then score."""
     flat_ids, flat_parents, flat_scores = torch.cat(ids), torch.cat(parents), torch.cat(scores)
     flat_depths = torch.cat([torch.full((len(i),), d) for i, d in zip(ids, depths, strict=True)])
-    order = sorted(range(len(flat_ids)), key=lambda i: (-float(flat_scores[i]), int(flat_depths[i]), i))
-    chosen = sorted(order[: min(total, len(order))], key=lambda i: (int(flat_depths[i]), -float(flat_scores[i]), i))
-    node_of = {proposal: node + 1 for node, proposal in enumerate(chosen)}  # tree node 0 is the root
-    tree_parents = [-1]
-    for proposal in chosen:
-        parent = int(flat_parents[proposal])
-        if parent >= 0 and parent not in node_of:
-            raise AssertionError("a selected draft node lacks its parent; scores must not increase along a path")
-        tree_parents.append(0 if parent < 0 else node_of[parent])
+    # proposals are stored by depth, then index: a stable sort by score alone breaks ties the right way
+    by_score = torch.sort(-flat_scores, stable=True).indices[: min(total, len(flat_ids))]
+    chosen = by_score[torch.sort(flat_depths[by_score], stable=True).indices]  # by depth; within one, by score
+    node_of = torch.full((len(flat_ids),), -1, dtype=torch.long)
+    node_of[chosen] = torch.arange(1, len(chosen) + 1)  # tree node 0 is the root
+    chosen_parents = flat_parents[chosen]
+    tree_parents = torch.where(chosen_parents < 0, 0, node_of[chosen_parents.clamp(min=0)])
+    if bool((tree_parents < 0).any()):
+        raise AssertionError("a selected draft node lacks its parent; scores must not increase along a path")
     tokens = flat_ids[chosen] + d2t[flat_ids[chosen]]
-    return DraftTree(tokens=torch.cat([torch.tensor([root]), tokens]), parents=torch.tensor(tree_parents),
+    return DraftTree(tokens=torch.cat([torch.tensor([root]), tokens]), parents=torch.cat([torch.tensor([-1]), tree_parents]),
                      depths=torch.cat([torch.tensor([0]), flat_depths[chosen]]))
