@@ -147,6 +147,7 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
         if emit(new):
             return result
         token = bonus
-        pending_aux = aux[:, keep.to(aux.device)]
+        # a chain's path is a prefix: a view of the aux buffer, read by the drafter before the next forward
+        pending_aux = aux[:, : len(path)] if path[-1] == len(path) - 1 else aux[:, keep.to(aux.device)]
         pending_tokens = torch.tensor([new])
         pending_positions = (start + torch.arange(len(path))).unsqueeze(0)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from eyas.drafter.model import Eagle3Drafter
-from eyas.engine.graphs import StepGraphs, copy_in
+from eyas.engine.graphs import InputBuffer, StepGraphs
 
 
 class DraftRunner:
@@ -41,8 +41,8 @@ class DraftRunner:
         self.static_shapes = static_shapes or graphs
         self.graphs = StepGraphs(self.device, enabled=graphs)
         self._slot_index = torch.arange(capacity, device=self.device)
-        self._offsets = torch.zeros(2, dtype=torch.long, device=self.device)  # committed length, first new slot
-        self._inputs: dict[tuple, tuple[torch.Tensor, ...]] = {}
+        self._offsets: torch.Tensor | None = None  # the running step's [committed length, first new slot]
+        self._inputs: dict[tuple, tuple[InputBuffer, ...]] = {}
         self._window: torch.Tensor | None = None  # the mask of the step being run [n, window]
 
     def reset(self) -> None:
@@ -117,20 +117,15 @@ class DraftRunner:
         n, width = token_ids.shape[1], window.shape[1]
         key = (n, width, top_k, from_target)
         if key not in self._inputs:
-            self._inputs[key] = (torch.zeros(1, n, x.shape[-1], dtype=self.dtype if not from_target else x.dtype,
-                                             device=self.device),
-                                 torch.zeros(1, n, dtype=torch.long, device=self.device),
-                                 torch.zeros(1, n, dtype=torch.long, device=self.device),
-                                 torch.zeros(n, width, dtype=torch.bool, device=self.device))
-        xs, ids, where, mask = self._inputs[key]
-        copy_in(xs, x)
-        copy_in(ids, token_ids)
-        copy_in(where, positions)
-        copy_in(mask, window)
-        copy_in(self._offsets, torch.tensor([self.length, self.length + self.speculative]))
+            self._inputs[key] = (InputBuffer((1, n, x.shape[-1]), x.dtype if from_target else self.dtype, self.device),
+                                 InputBuffer((1, n), torch.long, self.device), InputBuffer((1, n), torch.long, self.device),
+                                 InputBuffer((n, width), torch.bool, self.device), InputBuffer((2,), torch.long, self.device))
+        offsets = torch.tensor([self.length, self.length + self.speculative])
+        xs, ids, where, mask, offsets = (buffer.fill(source) for buffer, source in
+                                         zip(self._inputs[key], (x, token_ids, positions, window, offsets), strict=True))
 
         def run():
-            self._window = mask
+            self._window, self._offsets = mask, offsets
             return self._compute(xs, ids, where, top_k, from_target, self._attend_static)
         return self.graphs.run(key, run)
 
@@ -138,10 +133,11 @@ class DraftRunner:
         """Static shapes: keys written at slots from the device-held offsets, attention over the whole
         capacity; slot s is seen when committed, or when it lies in the window and the mask allows it."""
         n, width = q.shape[2], self._window.shape[1]
-        slots = self._offsets[1] + self._slot_index[:n]
+        offsets = self._offsets
+        slots = offsets[1] + self._slot_index[:n]
         self.keys.index_copy_(2, slots, k)
         self.values.index_copy_(2, slots, v)
-        relative = self._slot_index - self._offsets[0]  # slot's place in the window (negative: committed)
+        relative = self._slot_index - offsets[0]  # slot's place in the window (negative: committed)
         in_window = (relative >= 0) & (relative < width)
         visible = (relative < 0) | (self._window[:, relative.clamp(0, width - 1)] & in_window)
         return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=visible)

@@ -71,14 +71,25 @@ class StepGraphs:
         return graph, outputs
 
 
-def copy_in(destination: torch.Tensor, source: torch.Tensor) -> None:
-    """Copy ``source`` into a step's input buffer without stalling the host.
+class InputBuffer:
+    """A step's input on the device, refilled from the host without stalling it.
 
-    A plain host-to-GPU ``copy_`` waits for the GPU to finish everything queued before it, so the host
-    could not run ahead of the kernels; from pinned memory the copy is queued like a kernel (the
-    caching host allocator keeps the pinned block until the copy has run)."""
-    if destination.device.type == "cuda" and source.device.type == "cpu":
-        source = source.pin_memory()
-        destination.copy_(source, non_blocking=True)
-    else:
-        destination.copy_(source)
+    A plain host-to-GPU ``copy_`` from pageable memory waits for the GPU to finish everything queued
+    before it, so the host could never run ahead of the kernels, and pinning a fresh tensor for every
+    copy costs more than the step. Each buffer keeps its own pinned staging tensor; an event says when
+    the last copy out of it has run, so it is never overwritten while the GPU still reads it."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+        self.tensor = torch.zeros(shape, dtype=dtype, device=device)
+        self._staging = torch.empty(shape, dtype=dtype, pin_memory=True) if device.type == "cuda" else None
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+
+    def fill(self, source: torch.Tensor) -> torch.Tensor:
+        if self._staging is None or source.device.type != "cpu":
+            self.tensor.copy_(source)  # same device: queued like any kernel
+            return self.tensor
+        self._copied.synchronize()  # at once unless the previous copy is still queued
+        self._staging.copy_(source)
+        self.tensor.copy_(self._staging, non_blocking=True)
+        self._copied.record()
+        return self.tensor

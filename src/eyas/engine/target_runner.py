@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from eyas.engine.graphs import StepGraphs, copy_in
+from eyas.engine.graphs import InputBuffer, StepGraphs
 from eyas.engine.kv import SlotCache
 from eyas.errors import CaptureError, EyasError
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
@@ -69,7 +69,7 @@ class TargetRunner:
         self._cache_kwarg = _cache_keyword(model)
         self.static_shapes = static_shapes or graphs
         self.graphs = StepGraphs(self.device, enabled=graphs, compile=compile)
-        self._inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # n → ids, positions, tree
+        self._inputs: dict[int, tuple[InputBuffer, InputBuffer, InputBuffer]] = {}  # n → ids, positions, tree
         self._length_on_device = torch.zeros((), dtype=torch.long, device=self.device)
         self._slot_index = torch.arange(capacity, device=self.device)
         self._aux: torch.Tensor | None = None  # [1, capacity, k·Ht], allocated on the first tap
@@ -150,13 +150,12 @@ class TargetRunner:
     def _forward_static(self, token_ids: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None):
         n = token_ids.shape[1]
         if n not in self._inputs:
-            self._inputs[n] = (torch.zeros(1, n, dtype=torch.long, device=self.device),
-                               torch.zeros(1, n, dtype=torch.long, device=self.device),
-                               torch.ones(n, n, dtype=torch.bool, device=self.device).tril())
-        ids, where, tree = self._inputs[n]
-        copy_in(ids, token_ids)
-        copy_in(where, positions)
-        copy_in(tree, tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril())
+            self._inputs[n] = (InputBuffer((1, n), torch.long, self.device), InputBuffer((1, n), torch.long, self.device),
+                               InputBuffer((n, n), torch.bool, self.device))
+        ids, where, tree = (buffer.tensor for buffer in self._inputs[n])
+        self._inputs[n][0].fill(token_ids)
+        self._inputs[n][1].fill(positions)
+        self._inputs[n][2].fill(tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril())
         self._length_on_device.fill_(self.length)
         try:
             logits = self.graphs.run(n, lambda: self._static_step(ids, where, tree))
@@ -189,13 +188,13 @@ class TargetRunner:
 
     def commit(self, keep: torch.Tensor) -> None:
         """Keep the new tokens at indices ``keep`` (ascending) of the last forward, in that order."""
-        keep = keep.to(self.device)
-        source = self.length + keep
-        destination = torch.arange(self.length, self.length + len(keep), device=self.device)
-        if not torch.equal(source, destination):
-            self.cache.move(source, destination)
-            self.slot_positions[destination] = self.slot_positions[source]
-        self.length += len(keep)
+        keep = keep.cpu()
+        count = len(keep)
+        if not torch.equal(keep, torch.arange(count)):  # a tree's scattered path: copy it down
+            moves = torch.stack([self.length + keep, torch.arange(self.length, self.length + count)]).to(self.device)
+            self.cache.move(moves[0], moves[1])
+            self.slot_positions[moves[1]] = self.slot_positions[moves[0]]
+        self.length += count
 
     def _mask(self, n: int, positions: torch.Tensor, tree_mask: torch.Tensor | None):
         """Additive float mask [1, 1, n, visible slots] (a dict per layer type when some layers slide)."""

@@ -1,0 +1,86 @@
+"""Where a decoding round's time goes: drafting, the target's forward, verification, commit, the rest.
+
+    python benchmarks/engine_profile.py --target demo --draft DRAFT_DIR [--variant graphs|compile|eager]
+        [--modes plain,chain:5,tree:60,7,10] [--prompts 3] [--max-new-tokens 128]
+
+Each phase is timed with the device synchronised on both sides, so the phases add up to the wall time
+(with less host/device overlap than an untimed run has). MT-bench first turns, batch 1, greedy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import torch
+
+import eyas.engine.decode as decode
+from eyas.bench import load_engine
+from eyas.bench.prompts import mt_bench_questions, render
+from eyas.bench.run import parse_mode
+from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.target_runner import TargetRunner
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="demo")
+    parser.add_argument("--draft", required=True)
+    parser.add_argument("--variant", default="graphs", choices=["eager", "graphs", "compile"])
+    parser.add_argument("--modes", default="plain;chain:5;tree:60,7,10", help="';'-separated")
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args()
+
+    engine = load_engine(args.target, args.draft, 2048, graphs=args.variant != "eager", compile=args.variant == "compile")
+    device = engine.target_runner.device
+    prompts = [torch.tensor([render(engine.target.tokenizer, text)]) for _, text in mt_bench_questions()[: args.prompts]]
+    spent: dict[str, float] = defaultdict(float)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            sync()
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                sync()
+                spent[name] += time.perf_counter() - start
+        return wrapper
+
+    patches = [(TargetRunner, "forward", "target forward"), (TargetRunner, "commit", "target commit"),
+               (DraftRunner, "draft_chain", "drafting"), (decode, "draft_tree", "drafting"),
+               (decode, "ancestor_mask", "tree mask"), (decode._Chooser, "walk", "verify walk"),
+               (decode._Chooser, "next_token", "verify walk")]
+    for owner, attr, name in patches:
+        setattr(owner, attr, timed(name, getattr(owner, attr)))
+    for label in [m.strip() for m in args.modes.split(";") if m.strip()]:
+        speculation = None if label == "plain" else parse_mode(label)
+        def run(ids, speculation=speculation):
+            return decode.generate(engine.target_runner, ids, args.max_new_tokens,
+                                   engine.draft_runner if speculation else None, speculation, stop_ids=engine.stop_ids)
+        run(prompts[0])  # warm-up: graphs recorded
+        spent.clear()
+        tokens, rounds, total = 0, 0, 0.0
+        for ids in prompts:
+            sync()
+            start = time.perf_counter()
+            result = run(ids)
+            sync()
+            total += time.perf_counter() - start
+            tokens += len(result.tokens)
+            rounds += result.rounds or len(result.tokens)
+        print(f"{label}: {tokens / total:.1f} tok/s, {rounds} rounds, {1000 * total / rounds:.2f} ms per round")
+        for name, seconds in sorted(spent.items(), key=lambda item: -item[1]):
+            print(f"    {name:<16} {1000 * seconds / rounds:7.3f} ms/round")
+        rest = total - sum(spent.values())
+        print(f"    {'rest':<16} {1000 * rest / rounds:7.3f} ms/round")
+
+
+if __name__ == "__main__":
+    main()
