@@ -31,9 +31,12 @@ def main() -> None:
     parser.add_argument("--modes", default="plain;chain:5;tree:60,7,10", help="';'-separated")
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--capacity", type=int, default=2048, help="cache slots (static shapes attend over all of them)")
+    parser.add_argument("--kernels", action="store_true", help="also list the GPU kernels of one eager plain step")
     args = parser.parse_args()
 
-    engine = load_engine(args.target, args.draft, 2048, graphs=args.variant != "eager", compile=args.variant == "compile")
+    engine = load_engine(args.target, args.draft, args.capacity, graphs=args.variant != "eager",
+                         compile=args.variant == "compile")
     device = engine.target_runner.device
     prompts = [torch.tensor([render(engine.target.tokenizer, text)]) for _, text in mt_bench_questions()[: args.prompts]]
     spent: dict[str, float] = defaultdict(float)
@@ -80,6 +83,26 @@ def main() -> None:
             print(f"    {name:<16} {1000 * seconds / rounds:7.3f} ms/round")
         rest = total - sum(spent.values())
         print(f"    {'rest':<16} {1000 * rest / rounds:7.3f} ms/round")
+    if args.kernels and device.type == "cuda":
+        kernels(engine, prompts[0])
+
+
+def kernels(engine, prompt: torch.Tensor) -> None:
+    """The GPU time of one static-shape plain step, run eagerly under the profiler, by kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = engine.target_runner
+    runner.reset()
+    runner.forward(prompt, torch.arange(prompt.shape[1]).unsqueeze(0))
+    runner.commit(torch.arange(prompt.shape[1]))
+    packed = runner._inputs[1].tensor  # [length, id, position, tree]: what the last plain step read
+    step = lambda: runner._static_step(packed[:1], packed[1:2].view(1, 1), packed[2:3].view(1, 1), packed[3:].view(1, 1))  # noqa: E731
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
 
 
 if __name__ == "__main__":

@@ -118,15 +118,16 @@ class DraftRunner:
         key = (n, width, top_k, from_target)
         if key not in self._inputs:
             self._inputs[key] = (InputBuffer((1, n, x.shape[-1]), x.dtype if from_target else self.dtype, self.device),
-                                 InputBuffer((1, n), torch.long, self.device), InputBuffer((1, n), torch.long, self.device),
-                                 InputBuffer((n, width), torch.bool, self.device), InputBuffer((2,), torch.long, self.device))
-        offsets = torch.tensor([self.length, self.length + self.speculative])
-        xs, ids, where, mask, offsets = (buffer.fill(source) for buffer, source in
-                                         zip(self._inputs[key], (x, token_ids, positions, window, offsets), strict=True))
+                                 InputBuffer((1, n), torch.long, self.device), InputBuffer((n, width), torch.bool, self.device),
+                                 InputBuffer((2 + n,), torch.long, self.device))
+        xs, ids, mask, where = self._inputs[key]
+        xs, ids, mask = xs.fill(x), ids.fill(token_ids), mask.fill(window)
+        # committed length, first new slot, positions: host numbers, one copy
+        where = where.fill(torch.cat([torch.tensor([self.length, self.length + self.speculative]), positions.reshape(-1).cpu()]))
 
         def run():
-            self._window, self._offsets = mask, offsets
-            return self._compute(xs, ids, where, top_k, from_target, self._attend_static)
+            self._window, self._offsets = mask, where[:2]
+            return self._compute(xs, ids, where[2:].view(1, n), top_k, from_target, self._attend_static)
         return self.graphs.run(key, run)
 
     def _attend_static(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

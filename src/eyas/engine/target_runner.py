@@ -69,8 +69,8 @@ class TargetRunner:
         self._cache_kwarg = _cache_keyword(model)
         self.static_shapes = static_shapes or graphs
         self.graphs = StepGraphs(self.device, enabled=graphs, compile=compile)
-        self._inputs: dict[int, tuple[InputBuffer, InputBuffer, InputBuffer]] = {}  # n → ids, positions, tree
-        self._length_on_device = torch.zeros((), dtype=torch.long, device=self.device)
+        # n → one buffer [committed length, ids (n), positions (n), tree mask (n·n)]: one copy per forward
+        self._inputs: dict[int, InputBuffer] = {}
         self._slot_index = torch.arange(capacity, device=self.device)
         self._aux: torch.Tensor | None = None  # [1, capacity, k·Ht], allocated on the first tap
         self._tokens = 0  # tokens of the forward in flight: where the taps write
@@ -150,33 +150,33 @@ class TargetRunner:
     def _forward_static(self, token_ids: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None):
         n = token_ids.shape[1]
         if n not in self._inputs:
-            self._inputs[n] = (InputBuffer((1, n), torch.long, self.device), InputBuffer((1, n), torch.long, self.device),
-                               InputBuffer((n, n), torch.bool, self.device))
-        ids, where, tree = (buffer.tensor for buffer in self._inputs[n])
-        self._inputs[n][0].fill(token_ids)
-        self._inputs[n][1].fill(positions)
-        self._inputs[n][2].fill(tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril())
-        self._length_on_device.fill_(self.length)
+            self._inputs[n] = InputBuffer((1 + 2 * n + n * n,), torch.long, self.device)
+        tree = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril()
+        packed = self._inputs[n].fill(torch.cat([torch.tensor([self.length]), token_ids.reshape(-1).cpu(),
+                                                 positions.reshape(-1).cpu(), tree.reshape(-1).cpu().long()]))
+        inputs = packed[:1], packed[1 : 1 + n].view(1, n), packed[1 + n : 1 + 2 * n].view(1, n), packed[1 + 2 * n :].view(n, n)
         try:
-            logits = self.graphs.run(n, lambda: self._static_step(ids, where, tree))
+            logits = self.graphs.run(n, lambda: self._static_step(*inputs))
         except Exception as error:  # anything a recording can raise: fall back, say why
             if isinstance(error, CaptureError) or not self.graphs.enabled:
                 raise
             log.warning("eyas: the target's forward cannot be replayed from a CUDA graph (%s: %s); decoding eagerly",
                         type(error).__name__, error)
             self.graphs = StepGraphs(self.device, enabled=False)
-            logits = self._static_step(ids, where, tree)
+            logits = self._static_step(*inputs)
         return logits, self._aux[:, :n]
 
-    def _static_step(self, ids: torch.Tensor, positions: torch.Tensor, tree: torch.Tensor) -> torch.Tensor:
+    def _static_step(self, length: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+                     tree: torch.Tensor) -> torch.Tensor:
         """A forward of n tokens after the committed ones, every shape fixed and no host synchronisation:
-        slots and mask come from the committed length held on the device."""
+        slots and mask come from the committed ``length`` [1] held on the device; ``tree`` [n, n] (0/1)."""
         n = ids.shape[1]
-        slots = self._length_on_device + self._slot_index[:n]
+        tree = tree.bool()  # inside the step: recorded with it
+        slots = length + self._slot_index[:n]
         self.cache.slots = slots
         self.cache.visible = self.capacity
         self.slot_positions.index_copy_(0, slots, positions[0])
-        visible = (self._slot_index < self._length_on_device).expand(n, self.capacity).clone()
+        visible = (self._slot_index < length).expand(n, self.capacity).clone()
         visible.index_copy_(1, slots, tree)
         full = self._additive(visible)
         if self.sliding_window is None:

@@ -49,9 +49,13 @@ def chain_tree(root: int, drafts: torch.Tensor) -> DraftTree:
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """[n, n] bool: node i may see node j when j is i or an ancestor of i (parents precede children)."""
     n = len(parents)
+    rows = torch.arange(n)
     mask = torch.eye(n, dtype=torch.bool)
-    for i in range(1, n):
-        mask[i] |= mask[int(parents[i])]
+    ancestor = parents.clone()
+    while bool((ancestor >= 0).any()):  # one step up per pass: as many passes as the tree is deep
+        climbing = ancestor >= 0
+        mask[rows[climbing], ancestor[climbing]] = True
+        ancestor[climbing] = parents[ancestor[climbing]]
     return mask
 
 
@@ -59,49 +63,55 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
 def draft_tree(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
                root: int, top_k: int, depth: int, total: int) -> DraftTree:
     """Commit the target states ``aux`` (as :meth:`DraftRunner.draft_chain`) and grow a dynamic tree of
-    ``total`` draft tokens after ``root`` (the token following the last of them)."""
+    ``total`` draft tokens after ``root`` (the token following the last of them).
+
+    The growth stays on the drafter's device (each level's inputs come from the previous level's
+    outputs); the proposals cross to the host once, at the end, to be selected."""
     drafter.rollback()
     n = next_tokens.shape[1]
     prenorm, scores, ids = drafter.step(aux, next_tokens, positions, torch.ones(n, n, dtype=torch.bool).tril(),
                                         commit=True, top_k=top_k, from_target=True)
     base = int(positions[0, -1])  # the drafter runs a depth-d node at base + d (its row holds the next token)
-    d2t = drafter.d2t_host  # tree bookkeeping stays on the host; only the layer runs on the device
-    scores, ids = scores[-1].cpu(), ids[-1].cpu()
-    # every proposed node: draft id, parent (index into the flat proposal list, -1 = root), depth, score
-    proposed_ids, proposed_parents, proposed_depths, proposed_scores = [ids], [torch.full((top_k,), -1)], [1], [scores]
-    frontier = torch.arange(top_k)  # indices into the flat proposal list
+    d2t, device = drafter.drafter.d2t, drafter.device
+    scores, ids = scores[-1], ids[-1]
+    # every proposal, level by level: draft id, parent (index into all proposals, -1 = root), score
+    proposed_ids, proposed_scores = [ids], [scores]
+    proposed_parents = [torch.full((top_k,), -1, dtype=torch.long, device=device)]
+    frontier = torch.arange(top_k, device=device)  # the nodes expanded next, as indices into all proposals
     frontier_scores, frontier_tokens = scores, ids + d2t[ids]
     frontier_hidden = prenorm[:, -1:].expand(1, top_k, -1)
-    # the speculative drafter entries, top_k per level in the order written; row r of level L-1 holds
-    # frontier node r of that level. ancestors[r]: which written entries frontier node r descends from.
-    ancestors = torch.zeros(top_k, 0, dtype=torch.bool)
+    # the speculative drafter entries, top_k per level in the order written; row r of a level holds
+    # frontier node r. ancestors[r]: which written entries frontier node r descends from.
+    ancestors = torch.zeros(top_k, 0, dtype=torch.bool, device=device)
+    itself = torch.eye(top_k, dtype=torch.bool, device=device)
+    offset = top_k
     for level in range(2, depth + 1):
-        window = torch.cat([ancestors, torch.eye(top_k, dtype=torch.bool)], dim=1)
+        window = torch.cat([ancestors, itself], dim=1)
         hidden, child_scores, child_ids = drafter.step(
             frontier_hidden, frontier_tokens.view(1, -1), torch.full((1, top_k), base + level - 1, dtype=torch.long),
             window, commit=False, top_k=top_k)
-        child_scores = child_scores.cpu() + frontier_scores[:, None]
-        child_ids = child_ids.cpu()
-        offset = sum(len(p) for p in proposed_ids)
-        proposed_ids.append(child_ids.flatten())
+        child_scores = (child_scores + frontier_scores[:, None]).flatten()
+        child_ids = child_ids.flatten()
+        proposed_ids.append(child_ids)
+        proposed_scores.append(child_scores)
         proposed_parents.append(frontier.repeat_interleave(top_k))
-        proposed_depths.append(level)
-        proposed_scores.append(child_scores.flatten())
-        best = child_scores.flatten().topk(top_k).indices
+        frontier_scores, best = child_scores.topk(top_k)
         parent_rows = best // top_k  # which frontier node (= which just-written entry) each new node extends
         ancestors = window[parent_rows]  # a child sees what its parent saw, and its parent
         frontier = offset + best
-        frontier_scores = child_scores.flatten()[best]
-        frontier_tokens = child_ids.flatten()[best] + d2t[child_ids.flatten()[best]]
-        frontier_hidden = hidden[:, parent_rows.to(hidden.device)]
+        offset += len(child_ids)
+        frontier_tokens = child_ids[best] + d2t[child_ids[best]]
+        frontier_hidden = hidden[:, parent_rows]
     drafter.rollback()
-    return _select(proposed_ids, proposed_parents, proposed_depths, proposed_scores, d2t, root, total)
+    depths = [1] + list(range(2, depth + 1))
+    flat_ids, flat_parents, flat_scores = (torch.cat(parts).cpu() for parts in (proposed_ids, proposed_parents, proposed_scores))
+    return _select(flat_ids, flat_parents, flat_scores, torch.repeat_interleave(
+        torch.tensor(depths), torch.tensor([len(p) for p in proposed_ids])), drafter.d2t_host, root, total)
 
 
-def _select(ids, parents, depths, scores, d2t: torch.Tensor, root: int, total: int) -> DraftTree:
+def _select(flat_ids: torch.Tensor, flat_parents: torch.Tensor, flat_scores: torch.Tensor, flat_depths: torch.Tensor,
+            d2t: torch.Tensor, root: int, total: int) -> DraftTree:
     """The ``total`` best proposals by score (ties: shallower, then earlier), ordered by depth then score."""
-    flat_ids, flat_parents, flat_scores = torch.cat(ids), torch.cat(parents), torch.cat(scores)
-    flat_depths = torch.cat([torch.full((len(i),), d) for i, d in zip(ids, depths, strict=True)])
     # proposals are stored by depth, then index: a stable sort by score alone breaks ties the right way
     by_score = torch.sort(-flat_scores, stable=True).indices[: min(total, len(flat_ids))]
     chosen = by_score[torch.sort(flat_depths[by_score], stable=True).indices]  # by depth; within one, by score
