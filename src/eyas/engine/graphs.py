@@ -9,8 +9,11 @@ each time (the runners keep per-shape input buffers), and no host synchronisatio
 A step is a function of no arguments that reads its inputs from its own buffers. ``run(key, step)``
 records it on the first call of each key (after warm-up runs on a side stream, as CUDA requires)
 and replays it afterwards; the returned outputs are the graph's own tensors, overwritten by the
-next replay of that key. All graphs of one runner share a memory pool: they run one after another,
-never concurrently. Off CUDA, or with graphs disabled, the step simply runs — the same code,
+next replay of that key. Each graph has its own memory pool: graphs sharing a pool must replay in
+the order they were recorded (a later graph's outputs live where an earlier one keeps its scratch),
+and decoding replays them in whatever order the accepted lengths dictate — a tree's first drafter
+step, recorded late, had its proposals overwritten by the next steps' scratch. The pools are small
+(one step's activations). Off CUDA, or with graphs disabled, the step simply runs — the same code,
 which is what the CPU tests exercise.
 
 ``compile``: each step is first compiled by ``torch.compile`` (inductor fuses the norms, rotary
@@ -39,7 +42,6 @@ class StepGraphs:
         self.warmups = warmups
         self.device = device
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = {}
-        self._pool = torch.cuda.graph_pool_handle() if self.enabled else None
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -66,7 +68,7 @@ class StepGraphs:
                 fn()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph):  # a private pool: see the module's note
             outputs = fn()
         return graph, outputs
 
