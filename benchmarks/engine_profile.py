@@ -87,6 +87,7 @@ def main() -> None:
         kernels(engine, prompts[0])
 
 
+@torch.no_grad()
 def kernels(engine, prompt: torch.Tensor) -> None:
     """The GPU time of one static-shape plain step, run eagerly under the profiler, by kernel."""
     from torch.profiler import ProfilerActivity, profile

@@ -103,6 +103,7 @@ def main() -> None:
             name = f"eyas {variant} {label}"
             results[name] = measure(device, decode, prompts, warm_up=False)
             results[name]["variant"] = variant
+            results[name]["lean_forward"] = engine.target_runner.lean is not None
             if label in taus:
                 accepted, rounds = map(sum, zip(*taus[label], strict=True))
                 results[name]["tau"] = 1 + accepted / rounds

@@ -38,7 +38,8 @@ class DraftRunner:
         self.d2t_host = drafter.d2t.cpu()  # draft → target id offsets for host-side bookkeeping (trees)
         self.length = 0  # committed positions
         self.speculative = 0  # drafted positions after them, visible until rollback
-        self.static_shapes = static_shapes or graphs
+        # graphs need static shapes; off CUDA there are no graphs and attending over empty slots only costs
+        self.static_shapes = static_shapes or (graphs and self.device.type == "cuda")
         self.graphs = StepGraphs(self.device, enabled=graphs)
         self._slot_index = torch.arange(capacity, device=self.device)
         self._offsets: torch.Tensor | None = None  # the running step's [committed length, first new slot]

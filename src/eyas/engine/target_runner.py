@@ -20,6 +20,7 @@ from torch import nn
 
 from eyas.engine.graphs import InputBuffer, StepGraphs
 from eyas.engine.kv import SlotCache
+from eyas.engine.lean import LeanForward, lean_support
 from eyas.errors import CaptureError, EyasError
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
 from eyas.target.layout import TargetLayout, text_config
@@ -43,14 +44,16 @@ class TargetRunner:
     """An HF causal LM behind a :class:`SlotCache` of ``capacity`` tokens (batch 1)."""
 
     def __init__(self, model: nn.Module, layout: TargetLayout, layer_ids: Sequence[int] | None, capacity: int,
-                 static_shapes: bool = False, graphs: bool = False, compile: bool = False):
+                 static_shapes: bool = False, graphs: bool = False, compile: bool = False, lean: bool = True):
         """``static_shapes``: every forward after the prefill attends over the whole capacity, reads its
         inputs from per-shape buffers and builds its mask on the device from the committed length, so a
         forward of n tokens always has the same shapes and addresses — what a CUDA graph needs (slower
         in eager mode: attention spans empty slots, masked). ``graphs`` (implies static shapes): on
         CUDA, replay those forwards from CUDA graphs (:mod:`eyas.engine.graphs`), ``compile``: fused by
         ``torch.compile`` first. A target whose forward cannot be recorded (data-dependent MoE routing
-        on the host, say) falls back to eager forwards with a warning."""
+        on the host, say) falls back to eager forwards with a warning. ``lean``: with static shapes, a
+        Llama-family target's decoding forwards take :mod:`eyas.engine.lean`'s path (fused projections,
+        no repeated keys); the prefill always runs the HF forward."""
         attention = getattr(model.config, "_attn_implementation", "sdpa")
         if attention not in ("sdpa", "eager"):
             raise EyasError(f"the engine needs sdpa or eager attention (it passes tree masks); the target uses {attention!r}: "
@@ -67,11 +70,16 @@ class TargetRunner:
         # position held by each slot: the sliding-window mask compares positions, not slots
         self.slot_positions = torch.zeros(capacity, dtype=torch.long, device=self.device)
         self._cache_kwarg = _cache_keyword(model)
-        self.static_shapes = static_shapes or graphs
+        # graphs need static shapes; off CUDA there are no graphs and attending over empty slots only costs
+        self.static_shapes = static_shapes or (graphs and self.device.type == "cuda")
         self.graphs = StepGraphs(self.device, enabled=graphs, compile=compile)
         # n → one buffer [committed length, ids (n), positions (n), tree mask (n·n)]: one copy per forward
         self._inputs: dict[int, InputBuffer] = {}
         self._slot_index = torch.arange(capacity, device=self.device)
+        self.lean: LeanForward | None = None
+        why_not = lean_support(model, layout) if lean and self.static_shapes else "not asked for"
+        if why_not is None and self.sliding_window is None:
+            self.lean = LeanForward(model, layout, self.cache, self.layer_ids)
         self._aux: torch.Tensor | None = None  # [1, capacity, k·Ht], allocated on the first tap
         self._tokens = 0  # tokens of the forward in flight: where the taps write
         self._calls = [0] * len(self.layer_ids)
@@ -184,6 +192,8 @@ class TargetRunner:
         else:
             near = (positions[0][:, None] - self.slot_positions[None, :]) < self.sliding_window
             mask = {"full_attention": full, "sliding_attention": self._additive(visible & near)}
+        if self.lean is not None:
+            return self.lean.forward(ids, positions, mask, slots, self._aux)
         return self._run_model(ids, positions, mask).logits
 
     def commit(self, keep: torch.Tensor) -> None:

@@ -1,0 +1,120 @@
+"""A lean decoding forward for Llama-family targets (Llama, Mistral, Qwen2, Qwen3).
+
+The same arithmetic as the HF forward — it calls the model's own norms, rotary embedding,
+activation and lm_head — with fewer kernels, which is what a small target's decode step costs on a
+GPU (BENCHMARKS.md, the engine's kernel table: ~210 tiny matmuls and ~900 elementwise kernels per
+step of the demo target):
+- q/k/v are one matmul and gate/up another: the projection weights are concatenated once, and the
+  HF modules' weights become views into the concatenation (no second copy; the model is unchanged
+  for everyone else);
+- grouped-query attention regroups the queries rather than repeating keys and values over the
+  whole cache: the G query heads sharing a key head become G·n query rows of that head;
+- the EAGLE-3 aux states are written straight into the runner's buffer (no hooks), and keys and
+  values into the runner's slot cache.
+The prefill and any other architecture use the HF forward. ``tests/test_engine_lean.py`` pins the
+lean forward to the HF one (logits and aux states, every supported architecture).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from eyas.engine.kv import SlotCache
+from eyas.target.layout import TargetLayout
+
+SUPPORTED = {"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"}
+
+
+def lean_support(model: nn.Module, layout: TargetLayout) -> str | None:
+    """None when the lean forward serves ``model``; otherwise why not (for the log)."""
+    for layer in layout.layers:
+        attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if type(attention).__name__ not in SUPPORTED:
+            return f"attention {type(attention).__name__} is not one of {sorted(SUPPORTED)}"
+        if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            return f"MLP {type(mlp).__name__} is not a gated (gate/up/down) MLP"
+        if any(getattr(m, "bias", None) is not None for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+            return "MLP projections with biases"
+    if _rotary(model, layout) is None:
+        return "no rotary embedding module beside the decoder layers"
+    return None
+
+
+def _rotary(model: nn.Module, layout: TargetLayout) -> nn.Module | None:
+    parent = model.get_submodule(layout.layers_path.rpartition(".")[0]) if "." in layout.layers_path else model
+    return getattr(parent, "rotary_emb", None)
+
+
+def _fuse(modules: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases) along the output dim; the modules then hold views of them."""
+    weight = torch.cat([m.weight.detach() for m in modules])
+    biases = [m.bias for m in modules]
+    bias = torch.cat([b.detach() for b in biases]) if all(b is not None for b in biases) else None
+    if any(b is not None for b in biases) and bias is None:
+        raise ValueError("some projections have biases and others not")
+    start = 0
+    for m in modules:
+        rows = m.weight.shape[0]
+        m.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
+        if bias is not None:
+            m.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+        start += rows
+    return weight, bias
+
+
+class LeanForward:
+    """``forward(ids [1, n], positions [1, n], mask [1, 1, n, capacity], slots [n]) → logits [1, n, V]``,
+    writing the aux states of ``layer_ids`` into ``aux`` [1, capacity, k·H] rows [0, n)."""
+
+    def __init__(self, model: nn.Module, layout: TargetLayout, cache: SlotCache, layer_ids: list[int]):
+        self.layout, self.cache, self.layer_ids = layout, cache, list(layer_ids)
+        self.rotary = _rotary(model, layout)
+        self.layers = []
+        for layer in layout.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            qkv_weight, qkv_bias = _fuse([attention.q_proj, attention.k_proj, attention.v_proj])
+            gate_up_weight, _ = _fuse([mlp.gate_proj, mlp.up_proj])
+            self.layers.append((layer, qkv_weight, qkv_bias, gate_up_weight))
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor,
+                aux: torch.Tensor) -> torch.Tensor:
+        n = ids.shape[1]
+        hidden = self.layout.embed(ids)
+        cos, sin = self.rotary(hidden, positions)
+        width = hidden.shape[-1]
+        taps = {layer_id: index for index, layer_id in enumerate(self.layer_ids)}
+        for layer_id, (layer, qkv_weight, qkv_bias, gate_up_weight) in enumerate(self.layers):
+            if layer_id in taps:
+                aux[:, :n, taps[layer_id] * width : (taps[layer_id] + 1) * width].copy_(hidden)
+            hidden = hidden + self._attention(layer, layer_id, layer.input_layernorm.forward(hidden), qkv_weight,
+                                              qkv_bias, cos, sin, mask, slots)
+            mlp = layer.mlp
+            gate, up = F.linear(layer.post_attention_layernorm.forward(hidden), gate_up_weight).chunk(2, dim=-1)
+            hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+        if len(self.layers) in taps:  # layer id = num_layers: the input of the final norm
+            index = taps[len(self.layers)]
+            aux[:, :n, index * width : (index + 1) * width].copy_(hidden)
+        return self.layout.lm_head(self.layout.norm.forward(hidden))
+
+    def _attention(self, layer, layer_id, x, qkv_weight, qkv_bias, cos, sin, mask, slots) -> torch.Tensor:
+        attention = layer.self_attn
+        batch, n, _ = x.shape
+        head_dim = attention.head_dim
+        heads = attention.q_proj.weight.shape[0] // head_dim
+        kv_heads = attention.k_proj.weight.shape[0] // head_dim
+        q, k, v = F.linear(x, qkv_weight, qkv_bias).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+        q, k, v = (t.view(batch, n, -1, head_dim) for t in (q, k, v))
+        if hasattr(attention, "q_norm"):  # Qwen3: per-head RMSNorm of queries and keys before rotation
+            q, k = attention.q_norm.forward(q), attention.k_norm.forward(k)
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        keys, values = self.cache.update(k, v.transpose(1, 2), layer_id)  # [1, kv_heads, capacity, d]
+        group = heads // kv_heads
+        # the G query heads of one key head, as G·n query rows of that head (mask rows repeated to match)
+        q = q.reshape(batch, kv_heads, group * n, head_dim)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.repeat(1, 1, group, 1) if group > 1 else mask,
+                                             scale=attention.scaling)
+        out = out.view(batch, heads, n, head_dim).transpose(1, 2).reshape(batch, n, heads * head_dim)
+        return attention.o_proj(out)
