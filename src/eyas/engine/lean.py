@@ -7,8 +7,9 @@ step of the demo target):
 - q/k/v are one matmul and gate/up another: the projection weights are concatenated once, and the
   HF modules' weights become views into the concatenation (no second copy; the model is unchanged
   for everyone else);
-- grouped-query attention regroups the queries rather than repeating keys and values over the
-  whole cache: the G query heads sharing a key head become G·n query rows of that head;
+- attention is HF's own (keys repeated per query head, then the same SDPA kernel): regrouping the
+  queries instead (G query heads as G·n rows of their key head) measured slower on the H200, where
+  it steers SDPA off the kernel HF's shapes get (BENCHMARKS.md);
 - the EAGLE-3 aux states are written straight into the runner's buffer (no hooks), and keys and
   values into the runner's slot cache.
 The prefill and any other architecture use the HF forward. ``tests/test_engine_lean.py`` pins the
@@ -112,9 +113,9 @@ class LeanForward:
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         keys, values = self.cache.update(k, v.transpose(1, 2), layer_id)  # [1, kv_heads, capacity, d]
         group = heads // kv_heads
-        # the G query heads of one key head, as G·n query rows of that head (mask rows repeated to match)
-        q = q.reshape(batch, kv_heads, group * n, head_dim)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.repeat(1, 1, group, 1) if group > 1 else mask,
-                                             scale=attention.scaling)
-        out = out.view(batch, heads, n, head_dim).transpose(1, 2).reshape(batch, n, heads * head_dim)
+        if group > 1:  # as HF does: each key head repeated for its query heads (the same attention kernel runs)
+            keys = keys[:, :, None].expand(batch, kv_heads, group, *keys.shape[2:]).reshape(batch, heads, *keys.shape[2:])
+            values = values[:, :, None].expand(batch, kv_heads, group, *values.shape[2:]).reshape(batch, heads, *values.shape[2:])
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attention.scaling)
+        out = out.transpose(1, 2).reshape(batch, n, heads * head_dim)
         return attention.o_proj(out)

@@ -53,7 +53,7 @@ class TargetRunner:
         ``torch.compile`` first. A target whose forward cannot be recorded (data-dependent MoE routing
         on the host, say) falls back to eager forwards with a warning. ``lean``: with static shapes, a
         Llama-family target's decoding forwards take :mod:`eyas.engine.lean`'s path (fused projections,
-        no repeated keys); the prefill always runs the HF forward."""
+        aux states written without hooks); the prefill always runs the HF forward."""
         attention = getattr(model.config, "_attn_implementation", "sdpa")
         if attention not in ("sdpa", "eager"):
             raise EyasError(f"the engine needs sdpa or eager attention (it passes tree masks); the target uses {attention!r}: "
