@@ -55,7 +55,8 @@ def test_lean_step_equals_the_hf_step(arch):
 @pytest.mark.parametrize("arch", ["qwen3", "mistral"])
 def test_lean_generation_is_lossless(arch):
     model = ARCHITECTURES[arch][0]()
-    target, drafter = runners(model, static_shapes=True)
+    _, drafter = runners(model, static_shapes=True)
+    target = TargetRunner(model, discover_layout(model), None, 128, static_shapes=True, lean=True)
     assert target.lean is not None
     prompt = prompt_of(6)
     expected = reference_greedy(model, prompt, NEW_TOKENS)
@@ -67,6 +68,6 @@ def test_lean_generation_is_lossless(arch):
 def test_other_architectures_keep_the_hf_forward(arch):
     model = ARCHITECTURES[arch][0]()
     layout = discover_layout(model)
-    runner = TargetRunner(model, layout, None, 32, static_shapes=True)
+    runner = TargetRunner(model, layout, None, 32, static_shapes=True, lean=True)
     assert runner.lean is None
     assert lean_support(model, layout) is not None  # a reason, for the log

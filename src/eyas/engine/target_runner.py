@@ -44,7 +44,7 @@ class TargetRunner:
     """An HF causal LM behind a :class:`SlotCache` of ``capacity`` tokens (batch 1)."""
 
     def __init__(self, model: nn.Module, layout: TargetLayout, layer_ids: Sequence[int] | None, capacity: int,
-                 static_shapes: bool = False, graphs: bool = False, compile: bool = False, lean: bool = True):
+                 static_shapes: bool = False, graphs: bool = False, compile: bool = False, lean: bool = False):
         """``static_shapes``: every forward after the prefill attends over the whole capacity, reads its
         inputs from per-shape buffers and builds its mask on the device from the committed length, so a
         forward of n tokens always has the same shapes and addresses — what a CUDA graph needs (slower
