@@ -204,6 +204,20 @@ def test_hf_batching_gives_the_same_greedy_answers(tiny_target):
     assert all(isinstance(a, Answer) for a in one) and one == four
 
 
+def test_hf_static_cache_gives_the_same_greedy_answers(tiny_target):
+    """The GPU default (a reused StaticCache, widths bucketed, batches filled) answers exactly as the
+    dynamic cache does; filler rows never reach the results."""
+    model, tokenizer = tiny_target
+    prompts = [[{"role": "user", "content": "word " * n}] for n in (1, 7, 3, 12, 5)]
+    dynamic = HFGenerator(model, tokenizer, RegenerationOptions(max_new_tokens=5, batch_size=3, static_cache=False))
+    static = HFGenerator(model, tokenizer, RegenerationOptions(max_new_tokens=5, batch_size=3, static_cache=True))
+    expected = dynamic.generate(prompts)
+    assert all(isinstance(a, Answer) for a in expected)
+    assert static.generate(prompts) == expected
+    assert static.generate(prompts[:2]) == expected[:2]  # a reused cache, reset in between
+    assert set(static._static_caches) == {(3, 256 + 5)}  # one shape: both batches filled to 3, one width bucket
+
+
 def test_hf_sampling_is_reproducible_for_a_seed(tiny_target):
     model, tokenizer = tiny_target
     prompts = [[{"role": "user", "content": "tell me"}]] * 3

@@ -86,6 +86,9 @@ def prepare(
     max_new_tokens: int = typer.Option(1024, help="longest regenerated answer"),
     concurrency: int = typer.Option(16, help="parallel requests to the server"),
     batch_size: int = typer.Option(8, help="prompts per batch when regenerating in-process"),
+    static_cache: bool | None = typer.Option(None, "--static-cache/--no-static-cache",
+                                             help="in-process: generate over a reused static KV cache that transformers "
+                                             "compiles (default: on CUDA; each prompt-width bucket compiles once)"),
     retries: int = typer.Option(3, help="retries per request (exponential backoff)"),
     timeout: float = typer.Option(300.0, help="seconds per request"),
     force: bool = typer.Option(False, "--force", help="prepare again even if DATA_DIR already holds the same result"),
@@ -104,7 +107,7 @@ def prepare(
 
     regeneration = RegenerationOptions(
         temperature=temperature, max_new_tokens=max_new_tokens, server=server, model=server_model,
-        concurrency=concurrency, batch_size=batch_size, retries=retries, timeout=timeout,
+        concurrency=concurrency, batch_size=batch_size, retries=retries, timeout=timeout, static_cache=static_cache,
     )
     options = PrepareOptions(
         target=target, data=data, out=out, max_length=max_length, overflow=on_overflow, holdout=holdout,

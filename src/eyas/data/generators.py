@@ -67,6 +67,7 @@ class HFGenerator:
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self._calls = 0
+        self._static_caches: dict[tuple[int, int], Any] = {}  # (batch, cache length) → a reusable StaticCache
 
     def generate(self, prompts: list[Messages]) -> list[Answer | Exception]:
         """Answer every prompt, ``batch_size`` at a time, longest first (least padding)."""
@@ -107,8 +108,17 @@ class HFGenerator:
     def _run_generate(self, rows: list[list[int]]) -> list[Answer | Exception]:
         import torch
 
-        width = max(len(r) for r in rows)
+        from eyas.target.compat import cache_keyword
+
         device = self.model.get_input_embeddings().weight.device
+        static = self.options.static_cache if self.options.static_cache is not None else device.type == "cuda"
+        count = len(rows)
+        width = max(len(r) for r in rows)
+        if static:
+            # Few distinct shapes, each compiled once: widths rounded up to a power of two (≥ 256) and
+            # every batch filled to batch_size (with copies of its last prompt, whose answers are dropped).
+            width = max(256, 1 << (width - 1).bit_length())
+            rows = rows + [rows[-1]] * (max(self.options.batch_size, count) - count)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for n, row in enumerate(rows):  # left padding: every prompt ends where generation starts
@@ -122,9 +132,22 @@ class HFGenerator:
             # Reproducible for a given seed and call sequence; greedy runs leave the global RNG alone.
             torch.manual_seed(self.options.seed + self._calls)
             self._calls += 1
-        with torch.inference_mode():
+        with torch.inference_mode():  # the cache's tensors are inference tensors: reset them in here too
+            if static:
+                kwargs[cache_keyword(self.model)] = self._static_cache(len(rows), width + self.options.max_new_tokens)
             out = self.model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device), **kwargs)
-        return [self._answer(row.tolist()) for row in out[:, width:].cpu()]
+        return [self._answer(row.tolist()) for row in out[:count, width:].cpu()]
+
+    def _static_cache(self, batch: int, length: int):
+        """One StaticCache per shape, emptied before each use: a new cache object would be compiled anew."""
+        from transformers import StaticCache
+
+        key = (batch, length)
+        if key not in self._static_caches:
+            self._static_caches[key] = StaticCache(config=self.model.config, max_cache_len=length)
+        cache = self._static_caches[key]
+        cache.reset()
+        return cache
 
     def _answer(self, new_tokens: list[int]) -> Answer:
         """Cut at the first stop token; no stop token means max_new_tokens ran out."""

@@ -50,6 +50,9 @@ class RegenerationOptions:
     model: str | None = None  # model name sent to the server; None = the first id from GET {server}/models
     concurrency: int = 16  # parallel HTTP requests (server path)
     batch_size: int = 8  # prompts per generate() call (in-process path)
+    # in-process: generate over a reused static KV cache, which transformers compiles (a GPU decode step
+    # is launch-bound without it); None = on CUDA only
+    static_cache: bool | None = None
     retries: int = 3  # per request, after the first attempt, with exponential backoff
     timeout: float = 300.0  # seconds per HTTP request
     seed: int = 0

@@ -11,7 +11,6 @@ model that skips them is refused rather than drafting from stale states.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Sequence
 
@@ -22,22 +21,11 @@ from eyas.engine.graphs import InputBuffer, StepGraphs
 from eyas.engine.kv import SlotCache
 from eyas.engine.lean import LeanForward, lean_support
 from eyas.errors import CaptureError, EyasError
+from eyas.target.compat import cache_keyword
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
 from eyas.target.layout import TargetLayout, text_config
 
 log = logging.getLogger(__name__)
-
-
-def _cache_keyword(model: nn.Module) -> str:
-    """transformers renamed ``past_key_values`` to ``cache`` (5.2x, old name deprecated): use the model's own
-    name, or for wrappers that only pass ``**kwargs`` on, the installed library's."""
-    from transformers.models.llama.modeling_llama import LlamaModel
-
-    for params in (inspect.signature(model.forward).parameters, inspect.signature(LlamaModel.forward).parameters):
-        for name in ("cache", "past_key_values"):
-            if name in params:
-                return name
-    return "past_key_values"
 
 
 class TargetRunner:
@@ -69,7 +57,7 @@ class TargetRunner:
         self.length = 0
         # position held by each slot: the sliding-window mask compares positions, not slots
         self.slot_positions = torch.zeros(capacity, dtype=torch.long, device=self.device)
-        self._cache_kwarg = _cache_keyword(model)
+        self._cache_kwarg = cache_keyword(model)
         # graphs need static shapes; off CUDA there are no graphs and attending over empty slots only costs
         self.static_shapes = static_shapes or (graphs and self.device.type == "cuda")
         self.graphs = StepGraphs(self.device, enabled=graphs, compile=compile)
