@@ -123,3 +123,32 @@ def test_a_sequence_longer_than_the_cache_is_refused_with_advice():
     target, _ = runners(model, capacity=16)
     with pytest.raises(Exception, match="raise max_length"):
         generate(target, prompt_of(0), NEW_TOKENS)
+
+
+def test_static_drafting_drafts_what_eager_drafting_drafts():
+    """The CUDA-graph-ready drafter (one recorded function per chain, per-shape tree steps, device-built
+    masks) proposes exactly the eager drafter's tokens, round after round as the committed prefix grows."""
+    from eyas.engine.tree import draft_tree
+
+    model = ARCHITECTURES["llama"][0]()
+    _, eager = runners(model)
+    _, static = runners(model, static_shapes=True)
+    assert static.static_shapes and not eager.static_shapes
+    gen = torch.Generator().manual_seed(9)
+    width = eager.drafter.config.aux_width
+    start = 0
+    for n in (5, 1, 3, 2):  # a prompt, then rounds accepting different numbers of drafts
+        aux = torch.randn(1, n, width, generator=gen)
+        tokens = torch.randint(0, 256, (1, n), generator=gen)
+        positions = torch.arange(start, start + n).unsqueeze(0)
+        assert torch.equal(static.draft_chain(aux, tokens, positions, 4), eager.draft_chain(aux, tokens, positions, 4))
+        assert static.length == eager.length == start + n and static.speculative == eager.speculative == 0
+        start += n
+    for runner in (eager, static):
+        runner.reset()
+    aux = torch.randn(1, 6, width, generator=gen)
+    tokens = torch.randint(0, 256, (1, 6), generator=gen)
+    positions = torch.arange(6).unsqueeze(0)
+    trees = [draft_tree(runner, aux, tokens, positions, root=3, top_k=4, depth=3, total=10) for runner in (eager, static)]
+    for field in ("tokens", "parents", "depths"):
+        assert torch.equal(getattr(trees[0], field), getattr(trees[1], field))

@@ -148,8 +148,10 @@ class DraftRunner:
     def draft_chain(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor, steps: int) -> torch.Tensor:
         """Commit the target states ``aux`` [1, n, k·Ht] (each with the token after it, [1, n]) and
         draft ``steps`` tokens greedily after them → target ids [steps] (on the drafter's device: no
-        host synchronisation between steps)."""
+        host synchronisation between steps). With static shapes the whole chain is one step (one graph)."""
         self.rollback()
+        if self.static_shapes:
+            return self._draft_chain_static(aux, next_tokens, positions, steps)
         n = next_tokens.shape[1]
         prenorm, _, ids = self.step(aux, next_tokens, positions, torch.ones(n, n, dtype=torch.bool).tril(), commit=True,
                                     top_k=1, from_target=True)
@@ -165,3 +167,41 @@ class DraftRunner:
             drafted.append(token)
         self.rollback()
         return torch.cat(drafted, dim=1)[0]
+
+    def _draft_chain_static(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+                            steps: int) -> torch.Tensor:
+        """The commit step and every drafting step in one recorded function: each step's token, hidden
+        state, position and cache offsets are computed on the device from the one before."""
+        n = next_tokens.shape[1]
+        if self.length + n + steps - 1 > self.capacity:
+            raise ValueError(f"the drafter cache holds {self.capacity} positions, {self.length + n + steps - 1} needed")
+        key = ("chain", n, steps)
+        if key not in self._inputs:
+            self._inputs[key] = (InputBuffer((1, n, aux.shape[-1]), aux.dtype, self.device),
+                                 InputBuffer((1 + 2 * n,), torch.long, self.device))
+        xs, numbers = self._inputs[key]
+        xs = xs.fill(aux)
+        # committed length, the tokens after each state, their positions: host numbers, one copy
+        numbers = numbers.fill(torch.cat([torch.tensor([self.length]), next_tokens.reshape(-1).cpu(),
+                                          positions.reshape(-1).cpu()]))
+
+        def run():
+            length, tokens, where = numbers[:1], numbers[1 : 1 + n].view(1, n), numbers[1 + n :].view(1, n)
+            self._window = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            self._offsets = torch.cat([length, length])
+            prenorm, _, ids = self._compute(xs, tokens, where, 1, True, self._attend_static)
+            hidden, position = prenorm[:, -1:], where[:, -1:]
+            token = self.drafter.to_target_ids(ids[-1:, :1]).view(1, 1)
+            drafted = [token]
+            for step in range(1, steps):  # step i sees the committed positions and the i − 1 drafts before it
+                self._window = torch.ones(1, step, dtype=torch.bool, device=self.device)
+                self._offsets = torch.cat([length + n, length + n + step - 1])
+                position = position + 1
+                hidden, _, ids = self._compute(hidden, token, position, 1, False, self._attend_static)
+                token = self.drafter.to_target_ids(ids[:, :1]).view(1, 1)
+                drafted.append(token)
+            return torch.cat(drafted, dim=1)[0]
+
+        drafted = self.graphs.run(key, run)
+        self.length += n  # the states are committed; the drafts were speculative and are dropped
+        return drafted
