@@ -105,9 +105,10 @@ def test_accepted_drafts_commit_correctly_and_tau_counts_them(arch, wrong_at):
     assert chain.accepted_at() == [1.0] * accepted + [0.0] * (5 - accepted)
 
 
-def test_generation_stops_at_a_stop_token_and_keeps_it():
+@pytest.mark.parametrize("static_shapes", [False, True])  # static: plain greedy decodes in bursts
+def test_generation_stops_at_a_stop_token_and_keeps_it(static_shapes):
     model = ARCHITECTURES["llama"][0]()
-    target, drafter = runners(model)
+    target, drafter = runners(model, static_shapes=static_shapes)
     prompt = prompt_of(3)
     expected = reference_greedy(model, prompt, NEW_TOKENS)
     stop = expected[5]
@@ -118,11 +119,27 @@ def test_generation_stops_at_a_stop_token_and_keeps_it():
         assert generation.tokens == expected[: first + 1]
 
 
-def test_a_sequence_longer_than_the_cache_is_refused_with_advice():
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_a_sequence_longer_than_the_cache_is_refused_with_advice(static_shapes):
     model = ARCHITECTURES["llama"][0]()
-    target, _ = runners(model, capacity=16)
+    target, _ = runners(model, capacity=16, static_shapes=static_shapes)
     with pytest.raises(Exception, match="raise max_length"):
         generate(target, prompt_of(0), NEW_TOKENS)
+
+
+def test_greedy_bursts_commit_every_token_and_chain_across_bursts(monkeypatch):
+    """Plain greedy decoding with static shapes runs in bursts of BURST steps, each fed on the device."""
+    model = ARCHITECTURES["llama"][0]()
+    target, _ = runners(model, capacity=128, static_shapes=True)
+    monkeypatch.setattr(target, "BURST", 5)  # 24 new tokens: the first from the prefill, then bursts of 5, 5, 5, 5, 3
+    calls = []
+    burst = target.greedy_burst
+    monkeypatch.setattr(target, "greedy_burst", lambda token, steps: calls.append(steps) or burst(token, steps))
+    prompt = prompt_of(8)
+    tokens = generate(target, prompt, NEW_TOKENS).tokens
+    assert tokens == reference_greedy(model, prompt, NEW_TOKENS)
+    assert calls == [5, 5, 5, 5, 3]
+    assert target.length == prompt.shape[1] + NEW_TOKENS - 1  # every run token committed (the last is emitted only)
 
 
 def test_static_drafting_drafts_what_eager_drafting_drafts():

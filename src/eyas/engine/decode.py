@@ -119,6 +119,12 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
 
     if emit([token]):
         return result
+    if not speculating and target.static_shapes and chooser.sampling.greedy:
+        while True:  # bursts: the host reads tokens back every BURST steps, not after each one
+            tokens = target.greedy_burst(token, min(target.BURST, max_new_tokens - len(result.tokens)))
+            if emit(tokens):
+                return result
+            token = tokens[-1]
     if not speculating:
         while True:
             logits, _ = target.forward(torch.tensor([[token]]), torch.tensor([[target.length]]))

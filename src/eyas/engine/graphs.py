@@ -59,6 +59,14 @@ class StepGraphs:
         graph.replay()
         return outputs
 
+    def ensure(self, key: Hashable, step: Step) -> bool:
+        """Record ``step`` for ``key`` unless it already is; True when recorded just now — its warm-up
+        runs executed, so a step that updates its own inputs (a decoding burst) must refill them."""
+        if not self.enabled or key in self._graphs:
+            return False
+        self._graphs[key] = self._record(step)
+        return True
+
     def _record(self, step: Step):
         fn = torch.compile(step, dynamic=False) if self.compile else step
         side = torch.cuda.Stream(self.device)

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 class TargetRunner:
     """An HF causal LM behind a :class:`SlotCache` of ``capacity`` tokens (batch 1)."""
 
+    BURST = 32  # the most greedy plain steps run between two host synchronisations
+
     def __init__(self, model: nn.Module, layout: TargetLayout, layer_ids: Sequence[int] | None, capacity: int,
                  static_shapes: bool = False, graphs: bool = False, compile: bool = False, lean: bool = False):
         """``static_shapes``: every forward after the prefill attends over the whole capacity, reads its
@@ -65,6 +67,10 @@ class TargetRunner:
         self._inputs: dict[int, InputBuffer] = {}
         self._slot_index = torch.arange(capacity, device=self.device)
         self.lean: LeanForward | None = None
+        # greedy plain decoding in bursts: [committed length, last token, burst index] and the burst's tokens
+        self._burst_numbers = InputBuffer((3,), torch.long, self.device)
+        self._burst_tokens = torch.zeros(self.BURST, dtype=torch.long, device=self.device)
+        self._one = torch.ones(1, 1, dtype=torch.long, device=self.device)
         why_not = lean_support(model, layout) if lean and self.static_shapes else "not asked for"
         if why_not is None and self.sliding_window is None:
             self.lean = LeanForward(model, layout, self.cache, self.layer_ids)
@@ -161,6 +167,45 @@ class TargetRunner:
             self.graphs = StepGraphs(self.device, enabled=False)
             logits = self._static_step(*inputs)
         return logits, self._aux[:, :n]
+
+    @torch.no_grad()
+    def greedy_burst(self, token: int, steps: int) -> list[int]:
+        """Greedy plain decoding with static shapes: run ``token`` (emitted, not yet run) and the ``steps`` − 1
+        tokens after it, each step's argmax feeding the next on the device — no host synchronisation
+        until the burst's ``steps`` new tokens are read back. All of them are committed; the caller
+        stops at an end-of-sequence id among them (the cache past it is never read again)."""
+        if not self.static_shapes or self.length == 0 or not 0 < steps <= self.BURST:
+            raise ValueError("greedy_burst needs static shapes, a prefilled prompt and 1..BURST steps")
+        if self.length + steps > self.capacity:
+            raise EyasError(f"the sequence needs {self.length + steps} cache slots, the engine holds {self.capacity}: "
+                            "raise max_length (prompt + new tokens + draft tokens)")
+        numbers = self._burst_numbers
+
+        def step():
+            state = numbers.tensor  # read and advanced in place: replays chain on the device
+            logits = self._static_step(state[0:1], state[1:2].view(1, 1), state[0:1].view(1, 1), self._one)
+            chosen = logits[0, -1].argmax()
+            self._burst_tokens.index_copy_(0, state[2:3], chosen.view(1))
+            state[1].copy_(chosen)
+            state[0].add_(1)
+            state[2].add_(1)
+
+        start = torch.tensor([self.length, token, 0])
+        numbers.fill(start)
+        try:
+            if self.graphs.ensure("burst", step):
+                numbers.fill(start)  # the recording's warm-up runs advanced the state
+        except Exception as error:  # as in _forward_static: fall back to eager steps, say why
+            if isinstance(error, CaptureError):
+                raise
+            log.warning("eyas: greedy decoding cannot be replayed from a CUDA graph (%s: %s); decoding eagerly",
+                        type(error).__name__, error)
+            self.graphs = StepGraphs(self.device, enabled=False)
+            numbers.fill(start)
+        for _ in range(steps):
+            self.graphs.run("burst", step)
+        self.length += steps
+        return self._burst_tokens[:steps].tolist()
 
     def _static_step(self, length: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
                      tree: torch.Tensor) -> torch.Tensor:
