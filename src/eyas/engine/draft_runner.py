@@ -40,7 +40,7 @@ class DraftRunner:
         self.speculative = 0  # drafted positions after them, visible until rollback
         # graphs need static shapes; off CUDA there are no graphs and attending over empty slots only costs
         self.static_shapes = static_shapes or (graphs and self.device.type == "cuda")
-        self.graphs = StepGraphs(self.device, enabled=graphs)
+        self.graphs = StepGraphs(self.device, enabled=graphs, name="a drafter step")
         self._slot_index = torch.arange(capacity, device=self.device)
         self._offsets: torch.Tensor | None = None  # the running step's [committed length, first new slot]
         self._inputs: dict[tuple, tuple[InputBuffer, ...]] = {}

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from eyas.errors import CaptureError
+
 log = logging.getLogger(__name__)
 
 Step = Callable[[], Any]
@@ -36,11 +38,12 @@ Step = Callable[[], Any]
 class StepGraphs:
     """Per-key CUDA graphs of fixed-shape steps (plain calls off CUDA or when ``enabled`` is False)."""
 
-    def __init__(self, device: torch.device, enabled: bool = True, compile: bool = False, warmups: int = 2):
+    def __init__(self, device: torch.device, enabled: bool = True, compile: bool = False, warmups: int = 2,
+                 name: str = "a decoding step"):
         self.enabled = enabled and device.type == "cuda"
         self.compile = compile and self.enabled
         self.warmups = warmups
-        self.device = device
+        self.device, self.name = device, name
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = {}
 
     def __len__(self) -> int:
@@ -49,23 +52,36 @@ class StepGraphs:
     def run(self, key: Hashable, step: Step) -> Any:
         """Replay the graph recorded for ``key``, recording ``step`` first if there is none. The warm-up
         runs really execute: a step may write scratch memory (cache slots past the committed ones)
-        but must not change what it reads."""
-        if not self.enabled:
+        but must not change what it reads (else see :meth:`ensure`)."""
+        if not self.enabled or (key not in self._graphs and not self._try_record(key, step)):
             return step()
-        recorded = self._graphs.get(key)
-        if recorded is None:
-            recorded = self._graphs[key] = self._record(step)
-        graph, outputs = recorded
+        graph, outputs = self._graphs[key]
         graph.replay()
         return outputs
 
     def ensure(self, key: Hashable, step: Step) -> bool:
-        """Record ``step`` for ``key`` unless it already is; True when recorded just now — its warm-up
-        runs executed, so a step that updates its own inputs (a decoding burst) must refill them."""
+        """Record ``step`` for ``key`` unless it already is; True when a recording was just attempted —
+        its warm-up runs executed, so a step that updates its own inputs (a decoding burst) must
+        refill them."""
         if not self.enabled or key in self._graphs:
             return False
-        self._graphs[key] = self._record(step)
+        self._try_record(key, step)
         return True
+
+    def _try_record(self, key: Hashable, step: Step) -> bool:
+        """Record; a step that cannot be recorded (a host synchronisation inside, data-dependent
+        control flow, a compiler error) turns graphs off for good, with a warning, and runs eagerly."""
+        try:
+            self._graphs[key] = self._record(step)
+            return True
+        except CaptureError:
+            raise  # the aux taps misfired: a real error, not a reason to go eager
+        except Exception as error:  # anything a recording can raise
+            log.warning("eyas: %s cannot be replayed from a CUDA graph (%s: %s); running eagerly",
+                        self.name, type(error).__name__, error)
+            self.enabled, self.compile = False, False
+            self._graphs.clear()
+            return False
 
     def _record(self, step: Step):
         fn = torch.compile(step, dynamic=False) if self.compile else step

@@ -11,7 +11,6 @@ model that skips them is refused rather than drafting from stale states.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import torch
@@ -24,8 +23,6 @@ from eyas.errors import CaptureError, EyasError
 from eyas.target.compat import cache_keyword
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
 from eyas.target.layout import TargetLayout, text_config
-
-log = logging.getLogger(__name__)
 
 
 class TargetRunner:
@@ -62,7 +59,7 @@ class TargetRunner:
         self._cache_kwarg = cache_keyword(model)
         # graphs need static shapes; off CUDA there are no graphs and attending over empty slots only costs
         self.static_shapes = static_shapes or (graphs and self.device.type == "cuda")
-        self.graphs = StepGraphs(self.device, enabled=graphs, compile=compile)
+        self.graphs = StepGraphs(self.device, enabled=graphs, compile=compile, name="the target's forward")
         # n → one buffer [committed length, ids (n), positions (n), tree mask (n·n)]: one copy per forward
         self._inputs: dict[int, InputBuffer] = {}
         self._slot_index = torch.arange(capacity, device=self.device)
@@ -157,15 +154,7 @@ class TargetRunner:
         packed = self._inputs[n].fill(torch.cat([torch.tensor([self.length]), token_ids.reshape(-1).cpu(),
                                                  positions.reshape(-1).cpu(), tree.reshape(-1).cpu().long()]))
         inputs = packed[:1], packed[1 : 1 + n].view(1, n), packed[1 + n : 1 + 2 * n].view(1, n), packed[1 + 2 * n :].view(n, n)
-        try:
-            logits = self.graphs.run(n, lambda: self._static_step(*inputs))
-        except Exception as error:  # anything a recording can raise: fall back, say why
-            if isinstance(error, CaptureError) or not self.graphs.enabled:
-                raise
-            log.warning("eyas: the target's forward cannot be replayed from a CUDA graph (%s: %s); decoding eagerly",
-                        type(error).__name__, error)
-            self.graphs = StepGraphs(self.device, enabled=False)
-            logits = self._static_step(*inputs)
+        logits = self.graphs.run(n, lambda: self._static_step(*inputs))
         return logits, self._aux[:, :n]
 
     @torch.no_grad()
@@ -192,16 +181,8 @@ class TargetRunner:
 
         start = torch.tensor([self.length, token, 0])
         numbers.fill(start)
-        try:
-            if self.graphs.ensure("burst", step):
-                numbers.fill(start)  # the recording's warm-up runs advanced the state
-        except Exception as error:  # as in _forward_static: fall back to eager steps, say why
-            if isinstance(error, CaptureError):
-                raise
-            log.warning("eyas: greedy decoding cannot be replayed from a CUDA graph (%s: %s); decoding eagerly",
-                        type(error).__name__, error)
-            self.graphs = StepGraphs(self.device, enabled=False)
-            numbers.fill(start)
+        if self.graphs.ensure("burst", step):
+            numbers.fill(start)  # the recording's warm-up runs advanced the state
         for _ in range(steps):
             self.graphs.run("burst", step)
         self.length += steps
