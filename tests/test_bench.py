@@ -109,3 +109,25 @@ def test_generate_command_streams_an_answer_and_explains_a_missing_tokenizer(set
     assert len(answer.strip()) > 0
     refused = CliRunner().invoke(app, ["generate", "Hi", "--target", target, "--device", "cpu"])
     assert refused.exit_code == 2 and "has no tokenizer" in refused.output
+
+
+def test_generate_json_gives_ids_text_and_with_a_drafter_tau_and_rounds(tmp_path):
+    """DESIGN's `generate --json`: one JSON object; a random drafter changes nothing in the greedy answer."""
+    import json
+
+    from test_drafter_consistency import random_drafter, tiny_config
+
+    drafter = random_drafter(tiny_config(hidden_size=576, target_hidden_size=576, num_attention_heads=9,
+                                         num_key_value_heads=3, head_dim=64, intermediate_size=256, vocab_size=49152,
+                                         draft_vocab_size=200, layer_ids=[2, 15, 27]))
+    config = draft_config(drafter.config, "llama", 30, "fp32")
+    write_draft_dir(tmp_path / "draft", config, draft_tensors(weights(drafter), config, "fp32"), "")
+    common = ["generate", "Name a colour.", "--target", "demo", "--max-new-tokens", "6", "--device", "cpu", "--json"]
+    alone = CliRunner().invoke(app, common)
+    speculated = CliRunner().invoke(app, [*common, "--draft", str(tmp_path / "draft"), "--mode", "chain:2"])
+    assert alone.exit_code == 0 and speculated.exit_code == 0, alone.output + speculated.output
+    plain, spec = json.loads(alone.stdout.strip().splitlines()[-1]), json.loads(speculated.stdout.strip().splitlines()[-1])
+    assert set(plain) == {"token_ids", "text"} and set(spec) == {"token_ids", "text", "tau", "rounds"}
+    assert 0 < len(plain["token_ids"]) <= 6 and plain["text"].strip()
+    assert spec["token_ids"] == plain["token_ids"] and spec["text"] == plain["text"]
+    assert spec["tau"] >= 1.0 and spec["rounds"] >= 1

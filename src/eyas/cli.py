@@ -332,6 +332,8 @@ def generate(
     graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="on CUDA, replay decoding steps from CUDA graphs"),
     compile: bool = typer.Option(False, "--compile/--no-compile", help="on CUDA, fuse the target's steps with "
                                  "torch.compile before recording them (faster steps; each step shape compiles once)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end instead of streaming: "
+                                 "token_ids (generated only), text, and with --draft tau and rounds"),
 ) -> None:
     """Stream the target's answer to PROMPT, speculating with DRAFT_DIR; print τ and tokens/s at the end."""
     import time
@@ -372,8 +374,15 @@ def generate(
 
         start = time.perf_counter()
         result = decode(engine.target_runner, prompt_tensor(ids), max_new_tokens, engine.draft_runner,
-                        speculation if draft else None, Sampling(temperature, top_p, seed), engine.stop_ids, stream)
+                        speculation if draft else None, Sampling(temperature, top_p, seed), engine.stop_ids,
+                        None if as_json else stream)
         seconds = time.perf_counter() - start
+    if as_json:
+        out = {"token_ids": result.tokens, "text": tokenizer.decode(result.tokens, skip_special_tokens=True)}
+        if draft is not None:
+            out.update(tau=result.tau, rounds=result.rounds)
+        print(json.dumps(out, ensure_ascii=False))
+        return
     print()
     tail = f"τ {result.tau:.2f} ({speculation.label()}), " if draft else "no drafter, "
     err_console.print(f"{tail}{len(result.tokens)} tokens in {seconds:.1f} s = {len(result.tokens) / seconds:.1f} tok/s",
