@@ -57,6 +57,7 @@ def main() -> None:
         return wrapper
 
     patches = [(TargetRunner, "forward", "target forward"), (TargetRunner, "commit", "target commit"),
+               (TargetRunner, "greedy_burst", "target bursts"),
                (DraftRunner, "draft_chain", "drafting"), (decode, "draft_tree", "drafting"),
                (decode, "ancestor_mask", "tree mask"), (decode._Chooser, "walk", "verify walk"),
                (decode._Chooser, "next_token", "verify walk")]
@@ -96,7 +97,8 @@ def kernels(engine, prompt: torch.Tensor) -> None:
     runner.reset()
     runner.forward(prompt, torch.arange(prompt.shape[1]).unsqueeze(0))
     runner.commit(torch.arange(prompt.shape[1]))
-    packed = runner._inputs[1].tensor  # [length, id, position, tree]: what the last plain step read
+    runner.forward(torch.tensor([[1]]), torch.tensor([[runner.length]]))  # one plain step: fills its input buffer
+    packed = runner._inputs[1].tensor  # [length, id, position, tree]: what that step read
     step = lambda: runner._static_step(packed[:1], packed[1:2].view(1, 1), packed[2:3].view(1, 1), packed[3:].view(1, 1))  # noqa: E731
     step()
     torch.cuda.synchronize()
