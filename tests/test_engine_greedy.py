@@ -169,3 +169,20 @@ def test_static_drafting_drafts_what_eager_drafting_drafts():
     trees = [draft_tree(runner, aux, tokens, positions, root=3, top_k=4, depth=3, total=10) for runner in (eager, static)]
     for field in ("tokens", "parents", "depths"):
         assert torch.equal(getattr(trees[0], field), getattr(trees[1], field))
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_a_window_on_every_layer_is_honoured(static_shapes):
+    """Mistral-style: a sliding window and no layer types means every layer slides (as HF's forward does);
+    with a window shorter than the sequence, decoding must still equal the uncached reference."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from zoo import _TEXT, _seeded
+
+    model = _seeded(lambda: MistralForCausalLM(MistralConfig(**_TEXT, sliding_window=6)))
+    target, drafter = runners(model, static_shapes=static_shapes)
+    assert target.sliding_everywhere
+    prompt = prompt_of(1)
+    expected = reference_greedy(model, prompt, NEW_TOKENS)
+    for speculation in (None, Speculation("chain", 3), Speculation("tree", top_k=3, depth=3, total=8)):
+        assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == expected

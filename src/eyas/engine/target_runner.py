@@ -51,7 +51,11 @@ class TargetRunner:
         self.dtype = layout.embed.weight.dtype
         config = text_config(model.config)
         types = list(getattr(config, "layer_types", None) or [])
-        self.sliding_window = getattr(config, "sliding_window", None) if "sliding_attention" in types else None
+        window = getattr(config, "sliding_window", None)
+        # Which layers slide: those typed so (Gemma 3, Qwen2 with use_sliding_window), or — when a model
+        # has a window but no layer types (Mistral, Mixtral) — all of them, as its HF forward does
+        self.sliding_window = window if "sliding_attention" in types or (window is not None and not types) else None
+        self.sliding_everywhere = self.sliding_window is not None and not types
         self.cache = SlotCache(int(config.num_hidden_layers), capacity)
         self.length = 0
         # position held by each slot: the sliding-window mask compares positions, not slots
@@ -200,12 +204,7 @@ class TargetRunner:
         self.slot_positions.index_copy_(0, slots, positions[0])
         visible = (self._slot_index < length).expand(n, self.capacity).clone()
         visible.index_copy_(1, slots, tree)
-        full = self._additive(visible)
-        if self.sliding_window is None:
-            mask = full
-        else:
-            near = (positions[0][:, None] - self.slot_positions[None, :]) < self.sliding_window
-            mask = {"full_attention": full, "sliding_attention": self._additive(visible & near)}
+        mask = self._masks(visible, positions[0])
         if self.lean is not None:
             return self.lean.forward(ids, positions, mask, slots, self._aux)
         return self._run_model(ids, positions, mask).logits
@@ -227,11 +226,17 @@ class TargetRunner:
         visible[:, : self.length] = True
         new = tree_mask.to(self.device) if tree_mask is not None else torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         visible[:, self.length : self.length + n] = new
-        full = self._additive(visible)
+        return self._masks(visible, positions)
+
+    def _masks(self, visible: torch.Tensor, positions: torch.Tensor):
+        """The additive mask(s) from ``visible`` [n, width]: one tensor, or a dict per layer type when some
+        layers slide (a query sees keys fewer than ``sliding_window`` positions back)."""
         if self.sliding_window is None:
-            return full
-        near = (positions[:, None] - self.slot_positions[None, :width]) < self.sliding_window
-        return {"full_attention": full, "sliding_attention": self._additive(visible & near)}
+            return self._additive(visible)
+        near = (positions[:, None] - self.slot_positions[None, : visible.shape[1]]) < self.sliding_window
+        if self.sliding_everywhere:
+            return self._additive(visible & near)
+        return {"full_attention": self._additive(visible), "sliding_attention": self._additive(visible & near)}
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
