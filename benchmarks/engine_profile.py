@@ -10,7 +10,6 @@ Each phase is timed with the device synchronised on both sides, so the phases ad
 from __future__ import annotations
 
 import argparse
-import time
 from collections import defaultdict
 
 import torch
@@ -18,7 +17,7 @@ import torch
 import eyas.engine.decode as decode
 from eyas.bench import load_engine
 from eyas.bench.prompts import mt_bench_questions, render
-from eyas.bench.run import parse_mode
+from eyas.bench.run import parse_mode, timed
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
 
@@ -41,19 +40,11 @@ def main() -> None:
     prompts = [torch.tensor([render(engine.target.tokenizer, text)]) for _, text in mt_bench_questions()[: args.prompts]]
     spent: dict[str, float] = defaultdict(float)
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    def timed(name, fn):
+    def phase(name, fn):
         def wrapper(*a, **k):
-            sync()
-            start = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                sync()
-                spent[name] += time.perf_counter() - start
+            result, seconds = timed(device, lambda: fn(*a, **k))
+            spent[name] += seconds
+            return result
         return wrapper
 
     patches = [(TargetRunner, "forward", "target forward"), (TargetRunner, "commit", "target commit"),
@@ -62,7 +53,7 @@ def main() -> None:
                (decode, "ancestor_mask", "tree mask"), (decode._Chooser, "walk", "verify walk"),
                (decode._Chooser, "next_token", "verify walk")]
     for owner, attr, name in patches:
-        setattr(owner, attr, timed(name, getattr(owner, attr)))
+        setattr(owner, attr, phase(name, getattr(owner, attr)))
     for label in [m.strip() for m in args.modes.split(";") if m.strip()]:
         speculation = None if label == "plain" else parse_mode(label)
         def run(ids, speculation=speculation):
@@ -72,11 +63,8 @@ def main() -> None:
         spent.clear()
         tokens, rounds, total = 0, 0, 0.0
         for ids in prompts:
-            sync()
-            start = time.perf_counter()
-            result = run(ids)
-            sync()
-            total += time.perf_counter() - start
+            result, seconds = timed(device, lambda ids=ids: run(ids))
+            total += seconds
             tokens += len(result.tokens)
             rounds += result.rounds or len(result.tokens)
         print(f"{label}: {tokens / total:.1f} tok/s, {rounds} rounds, {1000 * total / rounds:.2f} ms per round")

@@ -53,19 +53,6 @@ class DraftRunner:
         """Forget this round's drafted positions."""
         self.speculative = 0
 
-    @torch.no_grad()
-    def extend(self, hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, commit: bool) -> torch.Tensor:
-        """Run the layer on ``hidden`` [1, n, H] and tokens [1, n] → pre-norm outputs [1, n, H]; the new
-        positions see everything cached and each other causally."""
-        return self.step(hidden, token_ids, positions, self._causal_window(token_ids.shape[1]), commit)[0]
-
-    @torch.no_grad()
-    def extend_tree(self, hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
-                    speculative_mask: torch.Tensor) -> torch.Tensor:
-        """Draft n tree nodes at once: ``speculative_mask`` [n, drafted + n] says which drafted entries
-        (in the order written) and which new nodes each sees; committed positions are always seen."""
-        return self.step(hidden, token_ids, positions, speculative_mask, commit=False)[0]
-
     def _causal_window(self, n: int) -> torch.Tensor:
         window = torch.ones(n, self.speculative + n, dtype=torch.bool)
         window[:, self.speculative :] = window[:, self.speculative :].tril()

@@ -11,6 +11,7 @@ model that skips them is refused rather than drafting from stale states.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -23,6 +24,8 @@ from eyas.errors import CaptureError, EyasError
 from eyas.target.compat import cache_keyword
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
 from eyas.target.layout import TargetLayout, text_config
+
+log = logging.getLogger(__name__)
 
 
 class TargetRunner:
@@ -72,9 +75,12 @@ class TargetRunner:
         self._burst_numbers = InputBuffer((3,), torch.long, self.device)
         self._burst_tokens = torch.zeros(self.BURST, dtype=torch.long, device=self.device)
         self._one = torch.ones(1, 1, dtype=torch.long, device=self.device)
-        why_not = lean_support(model, layout) if lean and self.static_shapes else "not asked for"
-        if why_not is None and self.sliding_window is None:
-            self.lean = LeanForward(model, layout, self.cache, self.layer_ids)
+        if lean and self.static_shapes:
+            why_not = "sliding-window attention" if self.sliding_window is not None else lean_support(model, layout)
+            if why_not is None:
+                self.lean = LeanForward(model, layout, self.cache, self.layer_ids)
+            else:
+                log.info("eyas: the lean forward does not serve this target (%s); decoding through its HF forward", why_not)
         self._aux: torch.Tensor | None = None  # [1, capacity, k·Ht], allocated on the first tap
         self._tokens = 0  # tokens of the forward in flight: where the taps write
         self._calls = [0] * len(self.layer_ids)
@@ -116,9 +122,7 @@ class TargetRunner:
         With static shapes both results are buffers, valid until the next forward of the same length.
         """
         n = token_ids.shape[1]
-        if self.length + n > self.capacity:
-            raise EyasError(f"the sequence needs {self.length + n} cache slots, the engine holds {self.capacity}: "
-                            "raise max_length (prompt + new tokens + draft tokens)")
+        self._check_room(n)
         if self.static_shapes and self.length > 0:
             return self._forward_static(token_ids, positions, tree_mask)
         slots = torch.arange(self.length, self.length + n, device=self.device)
@@ -133,6 +137,11 @@ class TargetRunner:
             self.cache.consolidate()  # before any graph records the cache's addresses
         aux = self._aux[:, :n]
         return out.logits, aux if self.static_shapes else aux.clone()
+
+    def _check_room(self, n: int) -> None:
+        if self.length + n > self.capacity:
+            raise EyasError(f"the sequence needs {self.length + n} cache slots, the engine holds {self.capacity}: "
+                            "raise max_length (prompt + new tokens + draft tokens)")
 
     def _run_model(self, token_ids: torch.Tensor, positions: torch.Tensor, mask):
         n = token_ids.shape[1]
@@ -169,9 +178,7 @@ class TargetRunner:
         stops at an end-of-sequence id among them (the cache past it is never read again)."""
         if not self.static_shapes or self.length == 0 or not 0 < steps <= self.BURST:
             raise ValueError("greedy_burst needs static shapes, a prefilled prompt and 1..BURST steps")
-        if self.length + steps > self.capacity:
-            raise EyasError(f"the sequence needs {self.length + steps} cache slots, the engine holds {self.capacity}: "
-                            "raise max_length (prompt + new tokens + draft tokens)")
+        self._check_room(steps)
         numbers = self._burst_numbers
 
         def step():

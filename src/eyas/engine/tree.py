@@ -103,10 +103,9 @@ def draft_tree(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tenso
         frontier_tokens = child_ids[best] + d2t[child_ids[best]]
         frontier_hidden = hidden[:, parent_rows]
     drafter.rollback()
-    depths = [1] + list(range(2, depth + 1))
     flat_ids, flat_parents, flat_scores = (torch.cat(parts).cpu() for parts in (proposed_ids, proposed_parents, proposed_scores))
-    return _select(flat_ids, flat_parents, flat_scores, torch.repeat_interleave(
-        torch.tensor(depths), torch.tensor([len(p) for p in proposed_ids])), drafter.d2t_host, root, total)
+    flat_depths = torch.repeat_interleave(torch.arange(1, depth + 1), torch.tensor([len(p) for p in proposed_ids]))
+    return _select(flat_ids, flat_parents, flat_scores, flat_depths, drafter.d2t_host, root, total)
 
 
 def _select(flat_ids: torch.Tensor, flat_parents: torch.Tensor, flat_scores: torch.Tensor, flat_depths: torch.Tensor,
