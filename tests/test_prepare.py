@@ -1,6 +1,7 @@
 """`eyas prepare` end to end: DATA_DIR files, split, duplicates, length policy, rerun, regeneration."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -116,6 +117,55 @@ def test_prepare_with_in_process_regeneration(tmp_path, tiny_target):
             if turn["role"] == "assistant":
                 assert "The answer is" not in turn["content"]  # the dataset's answer was replaced
     assert stats.train_samples >= 4
+
+
+def test_regeneration_on_several_workers_matches_one_and_resumes_across_worker_counts(tmp_path, tiny_target,
+                                                                                      monkeypatch):
+    """Two worker processes (here on the CPU, standing in for two GPUs) answer exactly as one process;
+    a run resumed with another worker count regenerates only what no journal holds yet."""
+    import eyas.data.regenerate_workers as workers_module
+
+    source = write_dataset(tmp_path / "chats.jsonl", n=6)
+    options = RegenerationOptions(max_new_tokens=5, batch_size=2)
+    one = tmp_path / "one"
+    prepare(PrepareOptions(target=str(tiny_target), data=[str(source)], out=one, holdout=0, regenerate=True,
+                           regeneration=options))
+    expected = {c["id"]: c for c in map(json.loads, (one / "regenerated.jsonl").read_text().splitlines())}
+
+    two = tmp_path / "two"
+    two.mkdir()
+    # A previous single-process run that finished c0 and c1 only.
+    (two / "regenerated.jsonl").write_text("".join(json.dumps(expected[c]) + "\n" for c in ("c0", "c1")))
+    monkeypatch.setattr(workers_module, "worker_gpus", lambda workers: ["", ""])  # two CPU workers
+    stats = prepare(PrepareOptions(target=str(tiny_target), data=[str(source)], out=two, holdout=0, regenerate=True,
+                                   regeneration=options, workers=2))
+    assert stats.regeneration["conversations_resumed"] == 2 and stats.regeneration["conversations_done"] == 5
+    shards = [[json.loads(line)["id"] for line in (two / f"regenerated.worker{i}.jsonl").read_text().splitlines()]
+              for i in (0, 1)]
+    assert sorted(shards[0] + shards[1]) == sorted(set(expected) - {"c0", "c1"}) and shards[0] and shards[1]
+    got = {}
+    for journal in sorted(two.glob("regenerated*.jsonl")):
+        for line in journal.read_text().splitlines():
+            got[json.loads(line)["id"]] = json.loads(line)
+    assert got == expected  # greedy answers do not depend on the worker that wrote them
+
+    def tokens(directory):
+        return sorted((s.id, s.input_ids.tolist(), s.loss_mask.tolist()) for s in read_samples(directory / "train.parquet"))
+
+    assert tokens(two) == tokens(one)
+
+
+def test_a_failing_worker_names_its_log(tmp_path, tiny_target, monkeypatch):
+    import eyas.data.regenerate_workers as workers_module
+
+    source = write_dataset(tmp_path / "chats.jsonl", n=4)
+    # The parent reads only the config and tokenizer; without weights, loading fails in the workers.
+    broken = tmp_path / "no-weights"
+    shutil.copytree(tiny_target, broken, ignore=shutil.ignore_patterns("*.safetensors"))
+    monkeypatch.setattr(workers_module, "worker_gpus", lambda workers: ["", ""])
+    with pytest.raises(EyasError, match=r"worker \d \(GPU \) exited with status 1; its log is .*worker\d\.log"):
+        prepare(PrepareOptions(target=str(broken), data=[str(source)], out=tmp_path / "o", holdout=0,
+                               regenerate=True, regeneration=RegenerationOptions(max_new_tokens=3), workers=2))
 
 
 def test_regeneration_skips_turns_that_start_beyond_max_length(tmp_path, tiny_target):

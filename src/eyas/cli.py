@@ -89,6 +89,8 @@ def prepare(
     static_cache: bool | None = typer.Option(None, "--static-cache/--no-static-cache",
                                              help="in-process: generate over a reused static KV cache that transformers "
                                              "compiles (default: on CUDA; each prompt-width bucket compiles once)"),
+    workers: int | None = typer.Option(None, help="in-process regeneration: one worker (a copy of the target) per GPU, "
+                                       "each answering every N-th conversation (default: every visible GPU)"),
     retries: int = typer.Option(3, help="retries per request (exponential backoff)"),
     timeout: float = typer.Option(300.0, help="seconds per request"),
     force: bool = typer.Option(False, "--force", help="prepare again even if DATA_DIR already holds the same result"),
@@ -98,7 +100,7 @@ def prepare(
 
     Malformed records are skipped and counted (file and line); statistics are printed and saved in
     DATA_DIR/manifest.json. With --regenerate the answers come from the target itself (in-process, or
-    through --server); a killed run resumes from DATA_DIR/regenerated.jsonl.
+    through --server, or one worker per GPU); a killed run resumes from the journals DATA_DIR/regenerated*.jsonl.
     """
     from eyas.data.prepare import AlreadyPrepared, PrepareOptions
     from eyas.data.prepare import prepare as run_prepare
@@ -112,7 +114,7 @@ def prepare(
     options = PrepareOptions(
         target=target, data=data, out=out, max_length=max_length, overflow=on_overflow, holdout=holdout,
         draft_vocab_size=draft_vocab_size, chat_template=chat_template, limit=limit, regenerate=regenerate,
-        regeneration=regeneration, force=force, trust_remote_code=trust_remote_code,
+        regeneration=regeneration, workers=workers, force=force, trust_remote_code=trust_remote_code,
     )
     with _user_errors():
         try:

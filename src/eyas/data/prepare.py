@@ -21,7 +21,8 @@ import numpy as np
 from eyas import __version__
 from eyas.data.conversation import Conversation, Skip
 from eyas.data.readers import read_source
-from eyas.data.regenerate import RegenerationOptions, make_generator, regenerate
+from eyas.data.regenerate import RegenerationOptions
+from eyas.data.regenerate_workers import regenerate_in_dir
 from eyas.data.render import ChatRenderer, RenderError
 from eyas.data.samples import Sample, write_samples
 from eyas.data.vocab import build_draft_vocab, count_masked_tokens, save_vocab
@@ -48,6 +49,9 @@ class PrepareOptions:
     limit: int | None = None
     regenerate: bool = False
     regeneration: RegenerationOptions = field(default_factory=RegenerationOptions)
+    # in-process regeneration: worker processes, one per GPU (None = every visible GPU); not part of the
+    # fingerprint, since the answers do not depend on how the conversations were spread over GPUs
+    workers: int | None = 1
     force: bool = False
     trust_remote_code: bool = False
 
@@ -93,9 +97,8 @@ def prepare(options: PrepareOptions) -> PrepareStats:
     conversations = _read_all(options, stats)
     if options.regenerate:
         conversations = _clip_for_regeneration(conversations, renderer, options.max_length, stats)
-        out.mkdir(parents=True, exist_ok=True)
-        generator = make_generator(options.regeneration, options.target)
-        conversations, regen = regenerate(conversations, out / "regenerated.jsonl", generator, options.regeneration)
+        conversations, regen = regenerate_in_dir(conversations, out, options.target, options.regeneration,
+                                                 workers=options.workers)
         stats.regeneration = asdict(regen)
     samples = _render_all(conversations, renderer, options, stats)
     train, holdout = _split(samples, options.holdout)
@@ -184,32 +187,49 @@ def _clip_for_regeneration(conversations, renderer: ChatRenderer, max_length: in
     """Drop the turns whose answer would start beyond --max-length: they would be cut off anyway,
     and generating them costs the most (the longest prompts) and can overflow the server's context."""
     kept = []
-    for conversation in conversations:
-        turns = conversation.turns
-        answer_positions = [i for i, t in enumerate(turns) if t.role == "assistant"]
-        if turns[-1].role == "user":
-            answer_positions.append(len(turns))  # regeneration answers a final user turn too
-        try:
-            turns = _turns_within(conversation, answer_positions, renderer, max_length)
-        except RenderError:
-            stats.dropped["template error"] += 1
-            continue
-        if not any(t.role == "user" for t in turns):
-            stats.dropped["first prompt longer than max length"] += 1
-            continue
-        stats.clipped_for_length += len(turns) < len(conversation.turns)
-        conversation.turns = turns
-        kept.append(conversation)
+    with progress_bar("measuring prompts", total=len(conversations), unit="conv") as advance:
+        for start in range(0, len(conversations), _CLIP_CHUNK):
+            chunk = conversations[start:start + _CLIP_CHUNK]
+            for conversation, turns in zip(chunk, _turns_within(chunk, renderer, max_length), strict=True):
+                if turns is None:
+                    stats.dropped["template error"] += 1
+                elif not any(t.role == "user" for t in turns):
+                    stats.dropped["first prompt longer than max length"] += 1
+                else:
+                    stats.clipped_for_length += len(turns) < len(conversation.turns)
+                    conversation.turns = turns
+                    kept.append(conversation)
+            advance(len(chunk))
     return kept
 
 
-def _turns_within(conversation: Conversation, answer_positions: list[int], renderer: ChatRenderer, max_length: int):
-    messages = conversation.messages()
-    for i in answer_positions:
-        prompt = renderer.text(messages[:i], generation_prompt=True)
-        if len(renderer.tokenizer(prompt, add_special_tokens=False)["input_ids"]) >= max_length - 1:
-            return conversation.turns[: max(0, i - 1)]  # also drop the user turn that asked for it
-    return conversation.turns
+# Prompts are tokenized a chunk at a time in one batched call, which the tokenizer spreads over all cores.
+_CLIP_CHUNK = 512
+
+
+def _turns_within(chunk: list[Conversation], renderer: ChatRenderer, max_length: int) -> list[list | None]:
+    """Per conversation, its turns up to the first answer whose prompt reaches max_length (None: the
+    template refused it)."""
+    prompts, owners = [], []  # every answer's prompt, and (conversation, answer position) for each
+    failed = set()
+    for n, conversation in enumerate(chunk):
+        turns, messages = conversation.turns, conversation.messages()
+        positions = [i for i, t in enumerate(turns) if t.role == "assistant"]
+        if turns[-1].role == "user":
+            positions.append(len(turns))  # regeneration answers a final user turn too
+        try:
+            texts = [renderer.text(messages[:i], generation_prompt=True) for i in positions]
+        except RenderError:
+            failed.add(n)
+            continue
+        prompts.extend(texts)
+        owners.extend((n, i) for i in positions)
+    lengths = [len(ids) for ids in renderer.tokenizer(prompts, add_special_tokens=False)["input_ids"]] if prompts else []
+    cut: dict[int, int] = {}
+    for (n, i), length in zip(owners, lengths, strict=True):
+        if length >= max_length - 1 and n not in cut:
+            cut[n] = max(0, i - 1)  # also drop the user turn that asked for it
+    return [None if n in failed else c.turns[:cut[n]] if n in cut else c.turns for n, c in enumerate(chunk)]
 
 
 def _render_all(conversations: list[Conversation], renderer: ChatRenderer, options, stats) -> list[Sample]:

@@ -99,7 +99,7 @@ def regenerate(
     stats = RegenerationStats()
     with _open_journal(journal) as handle:
         finished = _read_journal(journal, handle)
-        _check_journal_matches(journal, finished, conversations)
+        check_journal_matches(journal, finished, conversations)
         todo = [c for c in conversations if c.id not in finished]
         stats.conversations_resumed = len(conversations) - len(todo)
 
@@ -119,7 +119,8 @@ def regenerate(
                     stats.failures.append(f"{conversation.id}: {reason}")
                 advance(stats)
 
-            chunk = max(1, options.batch_size, options.concurrency)
+            # In-process, a chunk spans several batches so that the later (fewer) turns still fill batches.
+            chunk = max(1, options.concurrency) if options.server else max(1, options.batch_size) * 4
             for start in range(0, len(todo), chunk):
                 _regenerate_chunk(todo[start:start + chunk], generator, on_done, on_failed)
     return [finished[c.id] for c in conversations if c.id in finished], stats
@@ -227,6 +228,13 @@ def _read_journal(journal: Path, handle: IO[bytes]) -> dict[str, Conversation]:
         handle.truncate(complete)
         handle.flush()
         os.fsync(handle.fileno())
+    return parse_journal(journal, data)
+
+
+def parse_journal(journal: Path, data: bytes) -> dict[str, Conversation]:
+    """The complete lines of a journal's bytes as conversations by id (first one wins); a torn last
+    line (a run killed mid-write, or one still writing) is ignored, not an error."""
+    complete = data.rfind(b"\n") + 1
     finished: dict[str, Conversation] = {}
     for number, line in enumerate(data[:complete].splitlines(), start=1):
         if not line.strip():
@@ -248,7 +256,7 @@ def _append(handle: IO[bytes], conversation: Conversation) -> None:
     os.fsync(handle.fileno())
 
 
-def _check_journal_matches(journal: Path, finished: dict[str, Conversation], conversations: list[Conversation]) -> None:
+def check_journal_matches(journal: Path, finished: dict[str, Conversation], conversations: list[Conversation]) -> None:
     """A journal written for other data must not be resumed: its system/user turns must be the input's."""
     for conversation in conversations:
         done = finished.get(conversation.id)
