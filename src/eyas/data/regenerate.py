@@ -102,6 +102,9 @@ def regenerate(
         check_journal_matches(journal, finished, conversations)
         todo = [c for c in conversations if c.id not in finished]
         stats.conversations_resumed = len(conversations) - len(todo)
+        # Answers are generated depth by depth within a chunk, so a chunk of conversations with equally many
+        # answers fills every batch at every depth; mixed depths would leave deep levels nearly empty.
+        todo.sort(key=lambda c: -len(_Work(c).slots))
 
         with _progress_bar(progress, total=len(conversations), resumed=stats.conversations_resumed) as advance:
 
