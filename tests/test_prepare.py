@@ -16,6 +16,16 @@ from eyas.errors import EyasError
 from eyas.target.loading import load_tokenizer, resolve_target
 
 
+def train_tokens(directory):
+    """Every training sample of DATA_DIR as comparable plain data."""
+    return sorted((s.id, s.input_ids.tolist(), s.loss_mask.tolist()) for s in read_samples(directory / "train.parquet"))
+
+
+def journal_records(path):
+    """A journal's records, split at newlines only (U+2028 inside a string is not a line break here)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
 def write_dataset(path, n=40):
     rows = []
     for i in range(n):
@@ -119,6 +129,21 @@ def test_prepare_with_in_process_regeneration(tmp_path, tiny_target):
     assert stats.train_samples >= 4
 
 
+def test_a_regeneration_journal_is_data_as_it_is(tmp_path, tiny_target):
+    """What was regenerated so far (a stopped run's journal) prepares into exactly the samples the
+    finished run made, truncated answers included (no end-of-turn taught after them)."""
+    source = write_dataset(tmp_path / "chats.jsonl", n=4)
+    done = tmp_path / "done"
+    prepare(PrepareOptions(target=str(tiny_target), data=[str(source)], out=done, holdout=0, regenerate=True,
+                           regeneration=RegenerationOptions(max_new_tokens=6, batch_size=4)))
+    journal = [json.loads(line) for line in (done / "regenerated.jsonl").read_text().splitlines()]
+    assert any(t.get("truncated") for c in journal for t in c["turns"])  # random weights: no EOS within 6 tokens
+    again = tmp_path / "again"
+    prepare(PrepareOptions(target=str(tiny_target), data=[str(done / "regenerated.jsonl")], out=again, holdout=0))
+
+    assert train_tokens(again) == train_tokens(done)
+
+
 def test_regeneration_on_several_workers_matches_one_and_resumes_across_worker_counts(tmp_path, tiny_target,
                                                                                       monkeypatch):
     """Two worker processes (here on the CPU, standing in for two GPUs) answer exactly as one process;
@@ -126,11 +151,14 @@ def test_regeneration_on_several_workers_matches_one_and_resumes_across_worker_c
     import eyas.data.regenerate_workers as workers_module
 
     source = write_dataset(tmp_path / "chats.jsonl", n=6)
+    with open(source, "a", encoding="utf-8") as handle:  # line separators inside strings must not split records
+        handle.write(json.dumps({"id": "seps", "conversations": [{"from": "human", "value": "a\u2028b\x85c"},
+                                                                 {"from": "gpt", "value": "d"}]}, ensure_ascii=False) + "\n")
     options = RegenerationOptions(max_new_tokens=5, batch_size=2)
     one = tmp_path / "one"
     prepare(PrepareOptions(target=str(tiny_target), data=[str(source)], out=one, holdout=0, regenerate=True,
                            regeneration=options))
-    expected = {c["id"]: c for c in map(json.loads, (one / "regenerated.jsonl").read_text().splitlines())}
+    expected = {c["id"]: c for c in journal_records(one / "regenerated.jsonl")}
 
     two = tmp_path / "two"
     two.mkdir()
@@ -139,20 +167,13 @@ def test_regeneration_on_several_workers_matches_one_and_resumes_across_worker_c
     monkeypatch.setattr(workers_module, "worker_gpus", lambda workers: ["", ""])  # two CPU workers
     stats = prepare(PrepareOptions(target=str(tiny_target), data=[str(source)], out=two, holdout=0, regenerate=True,
                                    regeneration=options, workers=2))
-    assert stats.regeneration["conversations_resumed"] == 2 and stats.regeneration["conversations_done"] == 5
-    shards = [[json.loads(line)["id"] for line in (two / f"regenerated.worker{i}.jsonl").read_text().splitlines()]
-              for i in (0, 1)]
+    assert stats.regeneration["conversations_resumed"] == 2 and stats.regeneration["conversations_done"] == 6
+    shards = [[c["id"] for c in journal_records(two / f"regenerated.worker{i}.jsonl")] for i in (0, 1)]
     assert sorted(shards[0] + shards[1]) == sorted(set(expected) - {"c0", "c1"}) and shards[0] and shards[1]
-    got = {}
-    for journal in sorted(two.glob("regenerated*.jsonl")):
-        for line in journal.read_text().splitlines():
-            got[json.loads(line)["id"]] = json.loads(line)
+    got = {c["id"]: c for journal in sorted(two.glob("regenerated*.jsonl")) for c in journal_records(journal)}
     assert got == expected  # greedy answers do not depend on the worker that wrote them
 
-    def tokens(directory):
-        return sorted((s.id, s.input_ids.tolist(), s.loss_mask.tolist()) for s in read_samples(directory / "train.parquet"))
-
-    assert tokens(two) == tokens(one)
+    assert train_tokens(two) == train_tokens(one)
 
 
 def test_a_failing_worker_names_its_log(tmp_path, tiny_target, monkeypatch):

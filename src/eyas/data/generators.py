@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import time
 import urllib.error
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from eyas.data.regenerate import RegenerationOptions
 
 Messages = list[dict[str, str]]
+log = logging.getLogger(__name__)
 
 # How long the start-up probe of a server may take: a wrong address should fail fast.
 _PROBE_TIMEOUT = 30.0
@@ -82,8 +84,11 @@ class HFGenerator:
         size = max(1, self.options.batch_size)
         for start in range(0, len(order), size):
             batch = order[start:start + size]
+            started = time.perf_counter()
             for i, result in zip(batch, self._generate_batch([encoded[i] for i in batch]), strict=True):
                 results[i] = result
+            log.info("generated %d answers (prompts up to %d tokens) in %.1f s", len(batch),
+                     max(len(encoded[i]) for i in batch), time.perf_counter() - started)
         return results  # type: ignore[return-value]  # every slot is filled above
 
     def _encode(self, messages: Messages) -> list[int]:

@@ -44,6 +44,9 @@ def normalize_record(row, origin: str, fallback_id: str):
         raw_turns, role_key, text_key = row["conversations"], "from", "value"
     elif isinstance(row.get("messages"), list):
         raw_turns, role_key, text_key = row["messages"], "role", "content"
+    elif isinstance(row.get("turns"), list) and row["turns"] and all(isinstance(t, dict) for t in row["turns"]):
+        # eyas' regeneration journal (regenerated*.jsonl): what was regenerated so far is data as it is
+        raw_turns, role_key, text_key = row["turns"], "role", "content"
     elif any(isinstance(row.get(k), (str, list)) for k in _PROMPT_FIELDS):
         return _prompt_only(row, sample_id, origin)
     else:
@@ -63,7 +66,8 @@ def normalize_record(row, origin: str, fallback_id: str):
         text = _text(raw.get(text_key, raw.get("content", raw.get("value"))))
         if text is None:
             return Skip(origin, "non-text content", f"turn {number} ({role_name})")
-        turns.append(Turn(role, text))
+        # A journal's flags travel: a truncated answer must not be taught to end its turn.
+        turns.append(Turn(role, text, regenerated=raw.get("regenerated") is True, truncated=raw.get("truncated") is True))
     return _clean(turns, sample_id, origin)
 
 
@@ -90,7 +94,7 @@ def _clean(turns: list[Turn], sample_id: str, origin: str):
         if turn.role == "assistant" and not any(t.role == "user" for t in kept):
             continue  # nothing prompted it
         if kept and kept[-1].role == turn.role:
-            kept[-1] = Turn(turn.role, kept[-1].content + "\n\n" + turn.content)
+            kept[-1] = Turn(turn.role, kept[-1].content + "\n\n" + turn.content, turn.regenerated, turn.truncated)
         else:
             kept.append(turn)
     if not any(t.role == "user" for t in kept):

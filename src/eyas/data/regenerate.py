@@ -104,7 +104,8 @@ def regenerate(
         stats.conversations_resumed = len(conversations) - len(todo)
         # Answers are generated depth by depth within a chunk, so a chunk of conversations with equally many
         # answers fills every batch at every depth; mixed depths would leave deep levels nearly empty.
-        todo.sort(key=lambda c: -len(_Work(c).slots))
+        # Shallow ones first: they finish (and are journaled) soonest.
+        todo.sort(key=lambda c: len(_Work(c).slots))
 
         with _progress_bar(progress, total=len(conversations), resumed=stats.conversations_resumed) as advance:
 

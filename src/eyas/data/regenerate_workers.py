@@ -191,10 +191,14 @@ def _sum_stats(paths: list[Path]) -> RegenerationStats:
 
 def _worker_main(argv: list[str]) -> None:
     """``python -m eyas.data.regenerate_workers INPUT JOURNAL OPTIONS TARGET STATS`` (started by the parent)."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # the worker's log: one line per batch
     input_path, journal, options_path, target, stats_path = argv
     options = RegenerationOptions(**json.loads(Path(options_path).read_text(encoding="utf-8")))
     conversations = [Conversation.from_json(json.loads(line))
-                     for line in Path(input_path).read_text(encoding="utf-8").splitlines() if line.strip()]
+                     for line in Path(input_path).read_bytes().split(b"\n") if line.strip()]  # not splitlines():
+    # that also splits at U+2028 and friends, which JSON written with ensure_ascii=False keeps raw in strings
     generator = make_generator(options, target or None)
     _, stats = regenerate(conversations, Path(journal), generator, options, progress=False)
     stats.conversations_resumed = 0  # the parent counts resumed conversations over all journals
