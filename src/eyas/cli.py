@@ -294,27 +294,17 @@ def bench(
     Every prompt is decoded without speculation and in every --mode, in one run on one machine; the
     report gives each dataset's τ (1 + accepted / rounds, as vLLM counts it) and speedup.
     """
-    from eyas.bench import load_engine
-    from eyas.bench.prompts import load_prompts
-    from eyas.bench.report import markdown, write_report
-    from eyas.bench.run import parse_modes, run_bench
-    from eyas.engine.verify import Sampling
-    from eyas.progress import progress_bar
+    from eyas.bench.report import markdown
+    from eyas.bench.stage import BenchOptions, bench_stage
 
     with _user_errors():
-        modes = parse_modes(mode)
-        capacity = max_prompt_tokens + max_new_tokens + max(m.draft_tokens for m in modes) + 1
-        engine = load_engine(target, draft, capacity, device, trust_remote_code, graphs=graphs, compile=compile)
-        chosen, dropped = load_prompts([d.strip() for d in dataset.split(",") if d.strip()], engine.target.tokenizer, data,
-                                       prompts, max_prompt_tokens)
-        if not chosen:
-            raise EyasError(f"no prompts left to benchmark (dropped: {dropped})")
-        sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
-        with progress_bar("bench", len(chosen), unit="prompt") as bar:
-            result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, sampling, max_new_tokens,
-                               engine.stop_ids, progress=bar)
-        header = {"target": target, "draft": str(draft), "datasets": dataset, "dropped_prompts": dropped}
-        write_report(result, out, header)
+        options = BenchOptions(
+            target=target, draft=draft, out=out, datasets=tuple(d.strip() for d in dataset.split(",") if d.strip()),
+            data=data, modes=mode, temperature=temperature, top_p=top_p, prompts=prompts, max_new_tokens=max_new_tokens,
+            max_prompt_tokens=max_prompt_tokens, seed=seed, device=device, trust_remote_code=trust_remote_code,
+            graphs=graphs, compile=compile,
+        )
+        result, header = bench_stage(options)
     console.print(markdown(result, header), soft_wrap=True, highlight=False)
     console.print(f"wrote {out}/report.json, report.md, acceptance.png")
 
@@ -389,6 +379,34 @@ def generate(
     tail = f"τ {result.tau:.2f} ({speculation.label()}), " if draft else "no drafter, "
     err_console.print(f"{tail}{len(result.tokens)} tokens in {seconds:.1f} s = {len(result.tokens) / seconds:.1f} tok/s",
                       highlight=False)
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="a TOML run config (see examples/*.toml)"),
+    set_: list[str] = typer.Option([], "--set", help="override one option, e.g. --set train.lr=1e-4 (repeatable; "
+                                   "over the file, which is over the defaults)"),
+    stages: str | None = typer.Option(None, "--stages", help="comma-separated subset of the config's stages to run now"),
+) -> None:
+    """Run the pipeline a config describes: prepare → (capture) → train → export → bench, into its workdir.
+
+    Each stage resumes or skips finished work, so the same command continues a stopped run. For
+    training on several GPUs, run that stage alone under torchrun (`eyas train`), then
+    `eyas run CONFIG --stages export,bench`.
+    """
+    from eyas.config import ConfigError, load_config
+    from eyas.pipeline import run_pipeline
+
+    with _user_errors():
+        loaded = load_config(config, set_)
+        if stages:
+            chosen = tuple(s.strip() for s in stages.split(",") if s.strip())
+            unknown = [s for s in chosen if s not in loaded.stages]
+            if unknown:
+                raise ConfigError(f"--stages {stages!r}: {', '.join(unknown)} not among the config's stages "
+                                  f"({', '.join(loaded.stages)})")
+            loaded.stages = tuple(s for s in loaded.stages if s in chosen)
+        run_pipeline(loaded, console)
 
 
 @app.command()

@@ -1,0 +1,57 @@
+"""The bench stage as one function over one options dataclass: what ``eyas bench`` and ``eyas run`` call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from eyas.errors import EyasError
+
+
+@dataclass
+class BenchOptions:
+    """Everything ``eyas bench`` takes; defaults are the documented ones."""
+
+    target: str
+    draft: Path
+    out: Path
+    datasets: tuple[str, ...] = ("mt-bench", "humaneval", "sharegpt-holdout")
+    data: Path | None = None  # DATA_DIR: its holdout for sharegpt-holdout; its training prompts stay out of benchmarks
+    modes: str = "chain:5,tree:60,7,10"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    prompts: int | None = None  # the first N prompts of each dataset (all if None)
+    max_new_tokens: int = 256
+    max_prompt_tokens: int = 1024
+    seed: int = 0
+    device: str | None = None
+    trust_remote_code: bool = False
+    graphs: bool = True
+    compile: bool = False
+
+
+def bench_stage(options: BenchOptions, show_progress: bool = True):
+    """Decode every prompt plainly and in every mode; write REPORT_DIR; return (result, header)."""
+    from eyas.bench import load_engine
+    from eyas.bench.prompts import load_prompts
+    from eyas.bench.report import write_report
+    from eyas.bench.run import parse_modes, run_bench
+    from eyas.engine.verify import Sampling
+    from eyas.progress import progress_bar
+
+    modes = parse_modes(options.modes)
+    capacity = options.max_prompt_tokens + options.max_new_tokens + max(m.draft_tokens for m in modes) + 1
+    engine = load_engine(options.target, options.draft, capacity, options.device, options.trust_remote_code,
+                         graphs=options.graphs, compile=options.compile)
+    chosen, dropped = load_prompts(list(options.datasets), engine.target.tokenizer, options.data, options.prompts,
+                                   options.max_prompt_tokens)
+    if not chosen:
+        raise EyasError(f"no prompts left to benchmark (dropped: {dropped})")
+    sampling = Sampling(temperature=options.temperature, top_p=options.top_p, seed=options.seed)
+    with progress_bar("bench", len(chosen), unit="prompt") as bar:
+        result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, sampling, options.max_new_tokens,
+                           engine.stop_ids, progress=bar if show_progress else None)
+    header = {"target": options.target, "draft": str(options.draft), "datasets": ",".join(options.datasets),
+              "dropped_prompts": dropped}
+    write_report(result, options.out, header)
+    return result, header

@@ -1,0 +1,197 @@
+"""Run configs: one TOML file names the target and each stage's options (``eyas run CONFIG.toml``).
+
+The defaults stay where they are documented, in each stage's options dataclass (PrepareOptions,
+CaptureOptions, TrainOptions, ExportOptions, BenchOptions); a config only says what differs.
+Precedence: ``--set section.key=value`` over the file over those defaults. Paths between stages
+(DATA_DIR, FEATURES_DIR, RUN_DIR, DRAFT_DIR, REPORT_DIR) are not configured per stage: they are
+``workdir``'s subfolders, so the stages always read what the one before wrote.
+
+A mistake names the file, the key and what was expected, and suggests the nearest known key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from eyas.bench.stage import BenchOptions
+from eyas.data.prepare import PrepareOptions
+from eyas.errors import EyasError
+from eyas.export.stage import ExportOptions
+from eyas.store.capture_stage import CaptureOptions
+from eyas.train.trainer import TrainOptions
+
+STAGES = ("prepare", "capture", "train", "export", "bench")
+SECTIONS: dict[str, type] = {"prepare": PrepareOptions, "capture": CaptureOptions, "train": TrainOptions,
+                             "export": ExportOptions, "bench": BenchOptions}
+# Per stage, the options eyas run wires from `target` and `workdir` (and the stage list); a config that sets
+# them is refused, not silently overridden.
+WIRED = {
+    "prepare": {"target", "out"},
+    "capture": {"target", "data", "out"},
+    "train": {"target", "out", "data", "features", "resume"},
+    "export": {"run_dir", "out"},
+    "bench": {"target", "draft", "out", "data"},
+}
+FOLDERS = {"prepare": "data", "capture": "features", "train": "run", "export": "draft", "bench": "bench"}
+
+
+class ConfigError(EyasError):
+    """A config file (or --set override) that cannot be used as written."""
+
+
+@dataclass
+class RunConfig:
+    """A whole pipeline: the target, where it writes, which stages run, and each stage's options."""
+
+    target: str
+    workdir: Path
+    stages: tuple[str, ...]
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)  # checked keys → values, per stage
+    source: str = "<config>"
+
+    def folder(self, stage: str) -> Path:
+        """The directory ``stage`` writes (and the next stage reads)."""
+        return self.workdir / FOLDERS[stage]
+
+    def options(self, stage: str, **wired: Any):
+        """The stage's options: its defaults, then this config's values, then the wired paths."""
+        return SECTIONS[stage](**wired, **self.sections.get(stage, {}))
+
+
+def load_config(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read ``path`` (TOML), apply ``section.key=value`` overrides, check every key and type."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    for override in overrides:
+        _apply_override(raw, override)
+    return _build(raw, str(path))
+
+
+def _build(raw: dict, source: str) -> RunConfig:
+    known_top = {"target", "workdir", "stages", *SECTIONS}
+    for key in raw:
+        if key not in known_top:
+            raise ConfigError(f"{source}: unknown key {key!r}{_suggest(key, known_top)}")
+    if not isinstance(raw.get("target"), str) or not raw["target"]:
+        raise ConfigError(f"{source}: 'target' is required: a hub id, an HF directory, a .gguf file or 'demo'")
+    workdir = raw.get("workdir")
+    if not isinstance(workdir, str) or not workdir:
+        raise ConfigError(f"{source}: 'workdir' is required: the folder the stages write into (data/, run/, draft/, ...)")
+    stages = raw.get("stages", ["prepare", "train", "export", "bench"])
+    if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
+        raise ConfigError(f"{source}: 'stages' is a list of stage names, e.g. [\"prepare\", \"train\", \"export\", \"bench\"]")
+    for stage in stages:
+        if stage not in STAGES:
+            raise ConfigError(f"{source}: unknown stage {stage!r} in 'stages'{_suggest(stage, STAGES)}")
+    sections = {}
+    for name, cls in SECTIONS.items():
+        table = raw.get(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: [{name}] must be a table of options")
+        sections[name] = _check_table(table, cls, f"{source} [{name}]", WIRED[name])
+    ordered = tuple(s for s in STAGES if s in stages)  # stages always run in pipeline order
+    return RunConfig(target=raw["target"], workdir=Path(workdir).expanduser(), stages=ordered, sections=sections,
+                     source=source)
+
+
+def _check_table(table: dict, cls: type, where: str, wired: set[str] = frozenset()) -> dict[str, Any]:
+    """Each key a field of ``cls`` (not a wired one), each value converted to the field's type."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)} - wired
+    checked = {}
+    for key, value in table.items():
+        if key in wired:
+            raise ConfigError(f"{where}: {key!r} is set by eyas run from 'target' and 'workdir'; remove it")
+        if key not in names:
+            raise ConfigError(f"{where}: unknown option {key!r}{_suggest(key, names)}")
+        checked[key] = _convert(value, hints[key], f"{where} {key}")
+    return checked
+
+
+def _convert(value: Any, kind: Any, where: str) -> Any:
+    """``value`` (as TOML gives it) as an instance of the annotated type ``kind``, or a ConfigError."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            if type(None) in args:
+                return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, option, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{where}: got {value!r}")
+    if dataclasses.is_dataclass(kind):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return kind(**_check_table(value, kind, where))
+    if origin in (tuple, list):
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{where}: expected {len(args)} values, got {len(value)}")
+            return tuple(_convert(v, a, where) for v, a in zip(value, args, strict=True))
+        item = args[0] if args else Any
+        converted = [_convert(v, item, where) for v in value]
+        return tuple(converted) if origin is tuple else converted
+    if kind is Any:
+        return value
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected a whole number, got {value!r}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if kind is Path:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a path (a string), got {value!r}")
+        return Path(value).expanduser()
+    raise ConfigError(f"{where}: options of type {kind} cannot be set from a config")
+
+
+def _apply_override(raw: dict, override: str) -> None:
+    """``section.key=value`` (value in TOML syntax; a bare word is a string) into the raw tables."""
+    dotted, sep, text = override.partition("=")
+    if not sep or not dotted.strip():
+        raise ConfigError(f"--set {override!r}: expected section.key=value, e.g. train.lr=1e-4")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()  # e.g. --set target=demo: a bare word is meant as a string
+    table = raw
+    *parents, last = [part.strip() for part in dotted.split(".")]
+    for part in parents:
+        table = table.setdefault(part, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"--set {override!r}: {part!r} is not a table")
+    table[last] = value
+
+
+def _suggest(key: str, known) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(sorted(known))}"

@@ -1,0 +1,138 @@
+"""Run configs and `eyas run`: TOML over the stages' defaults, --set over the file, clear errors, resumable runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from eyas.cli import app
+from eyas.config import ConfigError, load_config
+from eyas.target.loading import load_tokenizer, resolve_target
+from eyas.train.trainer import TrainOptions
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_every_example_config_loads_and_builds_each_stage(example):
+    config = load_config(example)
+    assert config.stages and config.target
+    wired = {
+        "prepare": dict(target=config.target, out=config.folder("prepare")),
+        "capture": dict(target=config.target, data=config.folder("prepare"), out=config.folder("capture")),
+        "train": dict(target=config.target, out=config.folder("train"), data=config.folder("prepare"), resume=True),
+        "export": dict(run_dir=config.folder("train"), out=config.folder("export")),
+        "bench": dict(target=config.target, draft=config.folder("export"), out=config.folder("bench")),
+    }
+    for stage in config.stages:
+        config.options(stage, **wired[stage])  # every key is a real option of a valid type
+
+
+def test_file_over_defaults_and_set_over_file(tmp_path):
+    path = write(tmp_path / "c.toml", 'target = "demo"\nworkdir = "w"\n[train]\nlr = 5e-4\nttt_steps = 3\n'
+                                      '[prepare.regeneration]\nbatch_size = 64\n')
+    config = load_config(path, ["train.lr=1e-3", "bench.prompts=4", "prepare.data=['a.jsonl', 'b.jsonl']"])
+    train = config.options("train", target="demo", out=Path("r"))
+    assert (train.lr, train.ttt_steps, train.token_budget) == (1e-3, 3, TrainOptions.token_budget)
+    prepare = config.options("prepare", target="demo", out=Path("d"))
+    assert prepare.regeneration.batch_size == 64 and prepare.regeneration.max_new_tokens == 1024  # nested default kept
+    assert prepare.data == ["a.jsonl", "b.jsonl"]
+    assert config.options("bench", target="demo", draft=Path("x"), out=Path("y")).prompts == 4
+    assert config.stages == ("prepare", "train", "export", "bench") and config.folder("train") == Path("w/run")
+
+
+@pytest.mark.parametrize("text, overrides, message", [
+    ('target = "demo"\nworkdir = "w"\n[train]\nlearning_rate = 1\n', [], r"\[train\]: unknown option 'learning_rate'"),
+    ('target = "demo"\nworkdir = "w"\n[train]\nttt_step = 1\n', [], r"did you mean 'ttt_steps'"),
+    ('target = "demo"\nworkdir = "w"\n[train]\nttt_steps = "7"\n', [], r"ttt_steps: expected a whole number"),
+    ('target = "demo"\nworkdir = "w"\n[train]\nonline = 1\n', [], r"online: expected true or false"),
+    ('target = "demo"\nworkdir = "w"\n[train]\nout = "x"\n', [], r"'out' is set by eyas run"),
+    ('target = "demo"\nworkdir = "w"\nstages = ["prepare", "trian"]\n', [], r"unknown stage 'trian'.*'train'"),
+    ('workdir = "w"\n', [], r"'target' is required"),
+    ('target = "demo"\n', [], r"'workdir' is required"),
+    ('target = "demo"\nworkdir = "w"\n[train\n', [], r"is not valid TOML"),
+    ('target = "demo"\nworkdir = "w"\n', ["train.lr"], r"expected section.key=value"),
+    ('target = "demo"\nworkdir = "w"\n', ["train.lr=fast"], r"lr: expected a number, got 'fast'"),
+])
+def test_config_mistakes_name_the_file_and_the_key(tmp_path, text, overrides, message):
+    path = write(tmp_path / "bad.toml", text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, overrides)
+
+
+def test_the_large_moe_example_is_what_inspect_reads():
+    """examples/kimi-k2.5 holds the published config structure; inspect finds the text stack and the ids."""
+    from eyas.target.describe import describe_target
+
+    info = json.loads(json.dumps(describe_target(str(EXAMPLES / "kimi-k2.5")).__dict__, default=str))
+    text = json.dumps(info)
+    assert "language_model.layers" in text and "7168" in text and "163840" in text
+    assert "[2, 30, 58]" in text and "[1, 29, 57]" in text
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = tmp_path_factory.mktemp("tiny-target")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=2, bos_token_id=1)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    load_tokenizer(resolve_target("demo")).save_pretrained(directory)
+    return directory
+
+
+def test_eyas_run_goes_from_data_to_a_bench_report_and_a_rerun_resumes(tmp_path, tiny_target):
+    rows = [{"id": f"c{i}", "conversations": [{"from": "human", "value": f"What is {i} times {i}?"},
+                                              {"from": "gpt", "value": f"It is {i * i}, since {i} x {i} = {i * i}."}]}
+            for i in range(40)]
+    data = write(tmp_path / "chats.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    workdir = tmp_path / "work"
+    config = write(tmp_path / "run.toml", f'''
+target = "{tiny_target}"
+workdir = "{workdir}"
+[prepare]
+data = ["{data}"]
+max_length = 64
+holdout = 0.2
+draft_vocab_size = 512
+[train]
+max_steps = 2
+token_budget = 256
+ttt_steps = 2
+checkpoint_every = 2
+eval_batches = 1
+[export]
+dtype = "fp32"
+[bench]
+datasets = ["sharegpt-holdout"]
+modes = "chain:2"
+prompts = 1
+max_new_tokens = 4
+device = "cpu"
+''')
+    runner = CliRunner()
+    first = runner.invoke(app, ["run", str(config)])
+    assert first.exit_code == 0, first.output
+    for produced in ("data/manifest.json", "run/final/model.safetensors", "draft/config.json", "bench/report.json"):
+        assert (workdir / produced).is_file(), produced
+    report = json.loads((workdir / "bench/report.json").read_text())
+    assert report["draft"] == str(workdir / "draft") and list(report["datasets"]) == ["sharegpt-holdout"]
+    assert [(r["dataset"], r["mode"]) for r in report["rows"]] == [("sharegpt-holdout", "chain:2")]
+    again = runner.invoke(app, ["run", str(config), "--set", "train.max_steps=3", "--stages", "prepare,train"])
+    assert again.exit_code == 0, again.output
+    assert "skipped" in again.output  # DATA_DIR already prepared with these options
+    steps = [json.loads(line).get("step") for line in (workdir / "run/metrics.jsonl").read_text().splitlines()]
+    assert max(s for s in steps if s is not None) == 3  # resumed at step 2, one more step
+    wrong = runner.invoke(app, ["run", str(config), "--stages", "capture"])
+    assert wrong.exit_code == 2 and "not among the config's stages" in wrong.output
