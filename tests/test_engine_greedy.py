@@ -186,3 +186,20 @@ def test_a_window_on_every_layer_is_honoured(static_shapes):
     expected = reference_greedy(model, prompt, NEW_TOKENS)
     for speculation in (None, Speculation("chain", 3), Speculation("tree", top_k=3, depth=3, total=8)):
         assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == expected
+
+
+@pytest.mark.parametrize("agree", [0, 2, 5])
+def test_the_device_chain_verdict_is_the_tree_walk(agree):
+    """accept_chain_greedy (one read-back) accepts what walk_greedy accepts on the same chain, bonus included."""
+    from eyas.engine.tree import chain_tree
+    from eyas.engine.verify import accept_chain_greedy, walk_greedy
+
+    generator = torch.Generator().manual_seed(agree)
+    logits = torch.randn(6, 50, generator=generator)
+    choice = logits.argmax(-1)
+    drafts = choice[:5].clone()
+    if agree < 5:
+        drafts[agree] = (drafts[agree] + 1) % 50  # the first disagreement
+    path, bonus = walk_greedy(chain_tree(7, drafts), logits)
+    accepted, chain_bonus, ids = accept_chain_greedy(drafts, logits)
+    assert (accepted, chain_bonus, ids) == (len(path) - 1, bonus, drafts.tolist()) and accepted == agree

@@ -172,6 +172,8 @@ def test_regeneration_on_several_workers_matches_one_and_resumes_across_worker_c
     assert sorted(shards[0] + shards[1]) == sorted(set(expected) - {"c0", "c1"}) and shards[0] and shards[1]
     got = {c["id"]: c for journal in sorted(two.glob("regenerated*.jsonl")) for c in journal_records(journal)}
     assert got == expected  # greedy answers do not depend on the worker that wrote them
+    assert not list(two.glob("regenerate-input*")) and sorted(p.name for p in two.glob("regenerate.worker*.log")) == [
+        "regenerate.worker0.log", "regenerate.worker1.log"]  # hand-over files removed, logs kept
 
     assert train_tokens(two) == train_tokens(one)
 

@@ -140,7 +140,12 @@ def _run_workers(todo, out: Path, target_spec, options, gpus: list[str], progres
         tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
         raise EyasError(f"regeneration worker {i} (GPU {gpus[i]}) exited with status {code}; its log is {log}. "
                         f"Finished conversations are journaled: rerun to resume. Last lines:\n{tail}")
-    return _sum_stats([out / f"regenerate-stats.worker{i}.json" for i, _ in procs])
+    stats = _sum_stats([out / f"regenerate-stats.worker{i}.json" for i, _ in procs])
+    for i, _ in procs:  # the hand-over files are spent (the inputs are as big as the data); logs stay
+        for spent in (f"regenerate-input.worker{i}.jsonl", f"regenerate-stats.worker{i}.json"):
+            (out / spent).unlink(missing_ok=True)
+    (out / "regenerate-options.json").unlink(missing_ok=True)
+    return stats
 
 
 def _follow(procs, journal_paths: list[Path], total: int, progress: bool) -> None:

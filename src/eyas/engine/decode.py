@@ -20,7 +20,7 @@ import torch
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
 from eyas.engine.tree import DraftTree, ancestor_mask, chain_tree, draft_tree
-from eyas.engine.verify import Sampling, target_probs, walk_greedy, walk_sampling
+from eyas.engine.verify import Sampling, accept_chain_greedy, target_probs, walk_greedy, walk_sampling
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,23 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
     pending_aux, pending_tokens = aux, torch.cat([prompt[:, 1:], torch.tensor([[token]])], dim=1)
     pending_positions = torch.arange(length).unsqueeze(0)
     while True:
+        if speculation.mode == "chain" and chooser.sampling.greedy:
+            # drafts stay on the device: drafter, target and verdict queue back to back, one read-back a round
+            drafts = drafter.draft_chain(pending_aux, pending_tokens, pending_positions, speculation.draft_length)
+            start = target.length
+            positions = (start + torch.arange(len(drafts) + 1)).unsqueeze(0)
+            logits, aux = target.forward(torch.tensor([[token]]), positions, drafted=drafts)
+            accepted, bonus, drafted = accept_chain_greedy(drafts.to(logits.device), logits[0])
+            target.commit(torch.arange(accepted + 1))
+            result.accepted.append(accepted)
+            new = [*drafted[:accepted], bonus]
+            if emit(new):
+                return result
+            token = bonus
+            pending_aux = aux[:, : accepted + 1]  # a view of the aux buffer, read by the drafter before the next forward
+            pending_tokens = torch.tensor([new])
+            pending_positions = positions[:, : accepted + 1]
+            continue
         if speculation.mode == "chain":
             tree = chain_tree(token, drafter.draft_chain(pending_aux, pending_tokens, pending_positions, speculation.draft_length))
         else:

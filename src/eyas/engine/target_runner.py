@@ -114,17 +114,23 @@ class TargetRunner:
         self.length = 0
 
     @torch.no_grad()
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
-                tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None,
+                drafted: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``token_ids`` [1, n] at ``positions`` [1, n] → (logits [1, n, V], aux [1, n, k·Ht]).
 
         ``tree_mask`` [n, n] (True = may attend) says which new tokens each new token sees; causal if None.
-        With static shapes both results are buffers, valid until the next forward of the same length.
+        ``drafted`` [m]: tokens on the device that follow ``token_ids`` (a chain's drafts, n counts them
+        too): with static shapes they are copied into the step's input on the device, so the host never
+        waits for the drafter. With static shapes both results are buffers, valid until the next forward
+        of the same length.
         """
-        n = token_ids.shape[1]
+        if drafted is not None and not (self.static_shapes and self.length > 0):
+            token_ids = torch.cat([token_ids, drafted.cpu().view(1, -1)], dim=1)
+            drafted = None
+        n = token_ids.shape[1] + (0 if drafted is None else drafted.numel())
         self._check_room(n)
         if self.static_shapes and self.length > 0:
-            return self._forward_static(token_ids, positions, tree_mask)
+            return self._forward_static(token_ids, positions, tree_mask, drafted)
         slots = torch.arange(self.length, self.length + n, device=self.device)
         self.cache.slots = slots
         # eager: attend over what exists; static shapes (the prefill): over the whole capacity, the rest masked
@@ -159,13 +165,20 @@ class TargetRunner:
                                "Python modules (not compiled or graph-replayed without eyas' own graphs)")
         return out
 
-    def _forward_static(self, token_ids: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None):
-        n = token_ids.shape[1]
+    def _forward_static(self, token_ids: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None,
+                        drafted: torch.Tensor | None = None):
+        given = token_ids.shape[1]
+        n = given + (0 if drafted is None else drafted.numel())
         if n not in self._inputs:
             self._inputs[n] = InputBuffer((1 + 2 * n + n * n,), torch.long, self.device)
         tree = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril()
-        packed = self._inputs[n].fill(torch.cat([torch.tensor([self.length]), token_ids.reshape(-1).cpu(),
+        host_ids = token_ids.reshape(-1).cpu()
+        if drafted is not None:  # placeholders, overwritten on the device right after the copy
+            host_ids = torch.cat([host_ids, torch.zeros(n - given, dtype=torch.long)])
+        packed = self._inputs[n].fill(torch.cat([torch.tensor([self.length]), host_ids,
                                                  positions.reshape(-1).cpu(), tree.reshape(-1).cpu().long()]))
+        if drafted is not None:
+            packed[1 + given : 1 + n].copy_(drafted.reshape(-1))  # queued after the fill: stream order
         inputs = packed[:1], packed[1 : 1 + n].view(1, n), packed[1 + n : 1 + 2 * n].view(1, n), packed[1 + 2 * n :].view(n, n)
         logits = self.graphs.run(n, lambda: self._static_step(*inputs))
         return logits, self._aux[:, :n]

@@ -59,6 +59,17 @@ def walk_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
         path.append(node)
 
 
+def accept_chain_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, int, list[int]]:
+    """A greedy chain's verdict from ``drafts`` [k] and the target's logits at the root and each draft
+    [k + 1, V], both on the device: (drafts accepted, bonus token, the drafts as ids). The same walk
+    as :func:`walk_greedy`, computed on the device and read back once."""
+    choice = logits.argmax(-1)
+    accepted = (choice[:-1] == drafts).int().cumprod(0).sum()
+    bonus = choice.gather(0, accepted.view(1))
+    numbers = torch.cat([accepted.view(1), bonus, drafts]).tolist()  # the round's one read-back
+    return numbers[0], numbers[1], numbers[2:]
+
+
 def walk_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator) -> tuple[list[int], int]:
     """(accepted node indices, root first; bonus token) from the target's distributions [n, V]."""
     path, node = [0], 0
