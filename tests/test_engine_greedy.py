@@ -203,3 +203,40 @@ def test_the_device_chain_verdict_is_the_tree_walk(agree):
     path, bonus = walk_greedy(chain_tree(7, drafts), logits)
     accepted, chain_bonus, ids = accept_chain_greedy(drafts, logits)
     assert (accepted, chain_bonus, ids) == (len(path) - 1, bonus, drafts.tolist()) and accepted == agree
+
+
+def test_chain_bursts_run_whole_rounds_on_the_device_and_match_round_by_round(monkeypatch):
+    """With static shapes, greedy chain rounds run in device-resident bursts. A target that always says
+    token 0 and a drafter whose guess (0, accepted, or another id) follows the sign of one hidden unit
+    give partial acceptances; the burst path must accept exactly what the round-by-round path does."""
+    import eyas.engine.chain_burst as chain_burst
+
+    model = ARCHITECTURES["llama"][0]()
+    layout = discover_layout(model)
+    with torch.no_grad():
+        layout.norm.weight.zero_()  # final hidden 0 → all logits 0 → the argmax is token 0, always
+    drafter = random_drafter(tiny_config(vocab_size=layout.vocab_size, draft_vocab_size=100), seed=3)
+    drafter.load_target_embedding(layout.embed.weight)
+    with torch.no_grad():
+        drafter.norm.weight.zero_()
+        drafter.norm.weight[0] = 1.0
+        drafter.lm_head.weight.zero_()
+        drafter.lm_head.weight[0, 0], drafter.lm_head.weight[1, 0] = 1.0, -1.0  # draft 0 when unit 0 > 0, else 1
+        drafter.d2t[0] = 0  # draft id 0 is target id 0 (accepted); draft id 1 is some other id (rejected)
+    runs = []
+    monkeypatch.setattr(chain_burst.ChainBurst, "run", lambda self, *a, _run=chain_burst.ChainBurst.run: runs.append(a[0])
+                        or _run(self, *a))
+    prompt = prompt_of(11)
+    results, drafters = {}, {}
+    for static in (False, True):
+        target = TargetRunner(model, layout, None, 160, static)
+        drafters[static] = DraftRunner(drafter, 160, static_shapes=static)
+        results[static] = generate(target, prompt, 60, drafters[static], Speculation("chain", 4))
+    eager, burst = results[False], results[True]
+    assert burst.tokens == eager.tokens == [0] * 60
+    # The drafter committed the same states at the same slots (a burst may run past the end: compare the common part).
+    committed = drafters[False].length
+    assert drafters[True].length >= committed
+    torch.testing.assert_close(drafters[True].keys[:, :, :committed], drafters[False].keys[:, :, :committed])
+    assert burst.accepted == eager.accepted and 0 < eager.tau - 1 < 4  # partial acceptance, identical per round
+    assert len(set(eager.accepted)) > 1 and runs and sum(runs) >= burst.rounds - 2  # nearly every round in bursts

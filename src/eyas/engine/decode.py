@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from eyas.engine.chain_burst import ChainBurst
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
 from eyas.engine.tree import DraftTree, ancestor_mask, chain_tree, draft_tree
@@ -133,11 +134,14 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
             if emit([token]):
                 return result
     drafter.reset()
+    greedy_chain = speculation.mode == "chain" and chooser.sampling.greedy
+    burst = ChainBurst(target, drafter, speculation.draft_length) if (
+        greedy_chain and target.static_shapes and drafter.static_shapes) else None
     # the drafter pairs the target state of each token with the token after it
     pending_aux, pending_tokens = aux, torch.cat([prompt[:, 1:], torch.tensor([[token]])], dim=1)
     pending_positions = torch.arange(length).unsqueeze(0)
     while True:
-        if speculation.mode == "chain" and chooser.sampling.greedy:
+        if greedy_chain:
             # drafts stay on the device: drafter, target and verdict queue back to back, one read-back a round
             drafts = drafter.draft_chain(pending_aux, pending_tokens, pending_positions, speculation.draft_length)
             start = target.length
@@ -153,6 +157,18 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
             pending_aux = aux[:, : accepted + 1]  # a view of the aux buffer, read by the drafter before the next forward
             pending_tokens = torch.tensor([new])
             pending_positions = positions[:, : accepted + 1]
+            # With static shapes, whole rounds then run on the device in bursts; the host replays each one's
+            # outcome in order, so output and τ are the round-by-round ones.
+            while burst is not None and (rounds := burst.rounds_that_fit(max_new_tokens - len(result.tokens))) > 0:
+                outcome = burst.run(rounds, pending_aux, new, pending_positions[0].tolist(), token)
+                for accepted, new in outcome:
+                    result.accepted.append(accepted)
+                    if emit(new):
+                        return result
+                token, end = new[-1], target.length
+                pending_aux = burst.aux[:, : len(new)]
+                pending_tokens = torch.tensor([new])
+                pending_positions = torch.arange(end - len(new), end).unsqueeze(0)
             continue
         if speculation.mode == "chain":
             tree = chain_tree(token, drafter.draft_chain(pending_aux, pending_tokens, pending_positions, speculation.draft_length))
