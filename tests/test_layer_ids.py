@@ -18,7 +18,9 @@ def test_default_taps_are_inputs_of_layers_2_half_and_n_minus_3(layers, ids):
 
 
 def test_too_shallow_target_asks_for_explicit_ids():
-    with pytest.raises(ValueError, match="too shallow"):
+    from eyas.errors import EyasError
+
+    with pytest.raises(EyasError, match="too shallow.*--layer-ids"):  # a user error: the CLI prints it, no traceback
         default_layer_ids(5)
 
 

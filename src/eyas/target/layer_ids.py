@@ -11,6 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from eyas.errors import EyasError
+
+
+class LayerIdError(EyasError, ValueError):
+    """Layer ids that cannot be used for this target (the message says which to pass instead)."""
+
+
 # SGLang (0.5.x) families whose explicit ids are used as-is unless the first id is 1
 # (then all get +1): DeepSeek-V2/V3 and the Kimi language models built on them.
 _SGLANG_DEEPSEEK_TYPES = {"deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25", "kimi_vl"}
@@ -22,7 +29,7 @@ def default_layer_ids(num_layers: int) -> tuple[int, int, int]:
     """EAGLE-3's default taps (2, N//2, N-3): low, middle and high features, in eyas ids."""
     if num_layers < 6:
         # Below 6 layers the three defaults collide or fall outside the stack.
-        raise ValueError(
+        raise LayerIdError(
             f"a target with {num_layers} decoder layers is too shallow for the default EAGLE-3 "
             "taps (2, N//2, N-3); pass explicit layer ids, e.g. --layer-ids 1,2,3"
         )
@@ -33,14 +40,14 @@ def validate_layer_ids(layer_ids: Sequence[int], num_layers: int) -> tuple[int, 
     """Check ids are strictly increasing (low→mid→high) and within 0..N; return them as a tuple."""
     ids = tuple(int(i) for i in layer_ids)
     if not ids:
-        raise ValueError("layer ids are empty; EAGLE-3 taps three layers, e.g. (2, N//2, N-3)")
+        raise LayerIdError("layer ids are empty; EAGLE-3 taps three layers, e.g. (2, N//2, N-3)")
     if any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
-        raise ValueError(
+        raise LayerIdError(
             f"layer ids {list(ids)} must be strictly increasing: the drafter's fc reads them "
             "concatenated low→mid→high"
         )
     if ids[0] < 0 or ids[-1] > num_layers:
-        raise ValueError(
+        raise LayerIdError(
             f"layer ids {list(ids)} fall outside 0..{num_layers} for a {num_layers}-layer target "
             f"(id L = input of decoder layer L; id {num_layers} = output of the last layer)"
         )
@@ -53,13 +60,13 @@ def parse_layer_ids(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in cleaned.split(",") if part.strip())
     except ValueError:
-        raise ValueError(f"cannot read layer ids from {text!r}; write them like 2,15,27") from None
+        raise LayerIdError(f"cannot read layer ids from {text!r}; write them like 2,15,27") from None
 
 
 def specforge_spelling(layer_ids: Sequence[int]) -> tuple[int, ...]:
     """SpecForge writes output-of-layer ids: the input of layer L is the output of layer L-1."""
     if min(layer_ids) < 1:
-        raise ValueError("id 0 (the embeddings) has no output-of-layer spelling")
+        raise LayerIdError("id 0 (the embeddings) has no output-of-layer spelling")
     return tuple(i - 1 for i in layer_ids)
 
 
