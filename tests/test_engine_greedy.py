@@ -240,3 +240,34 @@ def test_chain_bursts_run_whole_rounds_on_the_device_and_match_round_by_round(mo
     torch.testing.assert_close(drafters[True].keys[:, :, :committed], drafters[False].keys[:, :, :committed])
     assert burst.accepted == eager.accepted and 0 < eager.tau - 1 < 4  # partial acceptance, identical per round
     assert len(set(eager.accepted)) > 1 and runs and sum(runs) >= burst.rounds - 2  # nearly every round in bursts
+
+
+class ReplayFirst:
+    """Stands in for StepGraphs on the CPU with a CUDA graph's semantics: a key replays the function
+    first recorded under it, bound to the buffers it closed over, whatever function is passed later."""
+
+    def __init__(self):
+        self.recorded = {}
+
+    def ensure(self, key, step):
+        if key in self.recorded:
+            return False
+        self.recorded[key] = step
+        return True
+
+    def run(self, key, step):
+        return self.recorded.setdefault(key, step)()
+
+
+def test_recorded_steps_stay_correct_across_generations():
+    """Every recorded step (target forwards, drafter chains and tree levels, plain and chain bursts) reads
+    buffers that outlive one generation: a second prompt through the first recordings decodes right."""
+    model = ARCHITECTURES["llama"][0]()
+    target, drafter = runners(model, static_shapes=True)
+    target.graphs, drafter.graphs = ReplayFirst(), ReplayFirst()
+    for seed in (21, 22):
+        prompt = prompt_of(seed, length=8 + seed % 3)
+        expected = reference_greedy(model, prompt, NEW_TOKENS)
+        for speculation in (None, Speculation("chain", 4), Speculation("tree", top_k=4, depth=3, total=10)):
+            assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == expected, (seed, speculation)
+    assert any(isinstance(key, tuple) and key[0] == "chain-burst" for key in target.graphs.recorded)

@@ -23,6 +23,16 @@ from eyas.engine.target_runner import TargetRunner
 MAX_ROUNDS = 16  # rounds per burst: the most a burst can overshoot a stop token
 
 
+def chain_burst(target: TargetRunner, drafter: DraftRunner, k: int) -> ChainBurst:
+    """The pair's burst runner, made once: its recorded round reads and writes this instance's buffers,
+    so every later generation must use the same instance."""
+    bursts = target.chain_bursts
+    key = (id(drafter), k)
+    if key not in bursts or bursts[key].drafter is not drafter:
+        bursts[key] = ChainBurst(target, drafter, k)
+    return bursts[key]
+
+
 class ChainBurst:
     """Device-resident greedy chain rounds of ``k`` drafts for one (target, drafter) pair."""
 
@@ -65,10 +75,11 @@ class ChainBurst:
             self.aux[:, :valid].copy_(states)
 
         refill()
-        if self.target.graphs.ensure(("chain-burst", self.k), self._round):
+        key = ("chain-burst", id(self))  # the recording belongs to this instance's buffers
+        if self.target.graphs.ensure(key, self._round):
             refill()  # the recording's warm-up rounds advanced the state
         for _ in range(rounds):
-            self.target.graphs.run(("chain-burst", self.k), self._round)
+            self.target.graphs.run(key, self._round)
         state = self.numbers.tensor
         head = torch.cat([state[:5], self.accepted[:rounds], self.out]).tolist()  # the burst's one read-back
         self.target.length, self.drafter.length = head[0], head[1]

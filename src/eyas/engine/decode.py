@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eyas.engine.chain_burst import ChainBurst
+from eyas.engine.chain_burst import chain_burst
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
 from eyas.engine.tree import DraftTree, ancestor_mask, chain_tree, draft_tree
@@ -135,7 +135,7 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
                 return result
     drafter.reset()
     greedy_chain = speculation.mode == "chain" and chooser.sampling.greedy
-    burst = ChainBurst(target, drafter, speculation.draft_length) if (
+    burst = chain_burst(target, drafter, speculation.draft_length) if (
         greedy_chain and target.static_shapes and drafter.static_shapes) else None
     # the drafter pairs the target state of each token with the token after it
     pending_aux, pending_tokens = aux, torch.cat([prompt[:, 1:], torch.tensor([[token]])], dim=1)

@@ -75,6 +75,7 @@ class TargetRunner:
         self._burst_numbers = InputBuffer((3,), torch.long, self.device)
         self._burst_tokens = torch.zeros(self.BURST, dtype=torch.long, device=self.device)
         self._one = torch.ones(1, 1, dtype=torch.long, device=self.device)
+        self.chain_bursts: dict = {}  # (drafter id, k) → its ChainBurst, whose buffers its recorded round uses
         if lean and self.static_shapes:
             why_not = "sliding-window attention" if self.sliding_window is not None else lean_support(model, layout)
             if why_not is None:
