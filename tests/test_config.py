@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
+import zoo
 from eyas.cli import app
 from eyas.config import ConfigError, load_config
-from eyas.target.loading import load_tokenizer, resolve_target
 from eyas.train.trainer import TrainOptions
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -81,15 +80,7 @@ def test_the_large_moe_example_is_what_inspect_reads():
 
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    directory = tmp_path_factory.mktemp("tiny-target")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=2, bos_token_id=1)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    load_tokenizer(resolve_target("demo")).save_pretrained(directory)
-    return directory
+    return zoo.save_chat_target(tmp_path_factory.mktemp("tiny-target"))  # 8 layers: the default taps fit
 
 
 def test_eyas_run_goes_from_data_to_a_bench_report_and_a_rerun_resumes(tmp_path, tiny_target):

@@ -4,10 +4,10 @@ import json
 import shutil
 
 import pytest
-import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+import zoo
 from eyas.cli import app
 from eyas.data.prepare import AlreadyPrepared, PrepareOptions, prepare
 from eyas.data.regenerate import RegenerationOptions
@@ -101,15 +101,7 @@ def test_limit_and_prompt_only_records_need_regeneration(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
     """A 2-layer random Llama with the demo tokenizer: a real target directory, fast to run."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    directory = tmp_path_factory.mktemp("tiny-target")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=2, bos_token_id=1)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    load_tokenizer(resolve_target("demo")).save_pretrained(directory)
-    return directory
+    return zoo.save_chat_target(tmp_path_factory.mktemp("tiny-target"), num_hidden_layers=2)
 
 
 def test_prepare_with_in_process_regeneration(tmp_path, tiny_target):

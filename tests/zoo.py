@@ -203,6 +203,21 @@ def save_tiny_target(directory) -> str:
     return str(directory)
 
 
+def save_chat_target(directory, num_hidden_layers: int = LAYERS):
+    """A random Llama with the demo target's vocabulary and tokenizer (chat template included), saved as
+    an HF directory: a real target for prepare, regeneration and whole runs, fast to execute."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eyas.target.loading import load_tokenizer, resolve_target
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=num_hidden_layers,
+                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=2, bos_token_id=1)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    load_tokenizer(resolve_target("demo")).save_pretrained(directory)
+    return directory
+
+
 def write_data_dir(directory, sizes=(("train", 24), ("holdout", 4)), seed: int = 0, draft_vocab_size: int = 128) -> str:
     """A DATA_DIR with random token ids (as `eyas prepare` would write), lengths 5..60."""
     import json
