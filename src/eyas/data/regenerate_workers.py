@@ -65,8 +65,12 @@ def journals(out: Path) -> list[Path]:
 
 def read_finished(out: Path, conversations: list[Conversation]) -> dict[str, Conversation]:
     """All conversations finished in any journal (first one wins), each checked against the input."""
+    return _read_journals(journals(out), conversations)
+
+
+def _read_journals(paths: list[Path], conversations: list[Conversation]) -> dict[str, Conversation]:
     finished: dict[str, Conversation] = {}
-    for journal in journals(out):
+    for journal in paths:
         found = parse_journal(journal, journal.read_bytes())
         check_journal_matches(journal, found, conversations)
         for cid, conversation in found.items():
@@ -94,21 +98,25 @@ def regenerate_in_dir(
     gpus = [] if options.server else worker_gpus(workers)
     if len(gpus) <= 1 or not todo:
         generator = make_generator(options, target_spec) if todo else None
-        _, stats = regenerate(todo, out / SINGLE_JOURNAL, generator, options, progress=progress)
+        done, stats = regenerate(todo, out / SINGLE_JOURNAL, generator, options, progress=progress)
     else:
-        stats = _run_workers(todo, out, target_spec, options, gpus, progress)
+        stats, written = _run_workers(todo, out, target_spec, options, gpus, progress)
+        done = _read_journals(written, todo).values()  # what the worker processes journaled
     stats.conversations_resumed = len(conversations) - len(todo)
-    finished = read_finished(out, conversations)
+    for conversation in done:
+        finished.setdefault(conversation.id, conversation)
     return [finished[c.id] for c in conversations if c.id in finished], stats
 
 
 # --------------------------------------------------------------------------- the parent's side
 
 
-def _run_workers(todo, out: Path, target_spec, options, gpus: list[str], progress: bool) -> RegenerationStats:
-    """Start one worker per GPU on every len(gpus)-th conversation, follow their journals, sum their stats."""
+def _run_workers(todo, out: Path, target_spec, options, gpus: list[str],
+                 progress: bool) -> tuple[RegenerationStats, list[Path]]:
+    """Start one worker per GPU on every len(gpus)-th conversation, follow their journals; return the
+    summed stats and the journals written."""
     write_json_atomic(out / "regenerate-options.json", asdict(options))
-    procs, logs = [], []
+    procs = []
     try:
         for i, gpu in enumerate(gpus):
             shard = todo[i::len(gpus)]
@@ -126,8 +134,8 @@ def _run_workers(todo, out: Path, target_spec, options, gpus: list[str], progres
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, PYTHONUNBUFFERED="1")
             with open(log, "wb") as handle:
                 procs.append((i, subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT)))
-            logs.append(log)
-        _follow(procs, [out / f"regenerated.worker{i}.jsonl" for i, _ in procs], len(todo), progress)
+        written = [out / f"regenerated.worker{i}.jsonl" for i, _ in procs]
+        _follow(procs, written, len(todo), progress)
     finally:
         for _, proc in procs:  # interrupted (Ctrl-C): stop the workers; what they journaled stays
             if proc.poll() is None:
@@ -145,7 +153,7 @@ def _run_workers(todo, out: Path, target_spec, options, gpus: list[str], progres
         for spent in (f"regenerate-input.worker{i}.jsonl", f"regenerate-stats.worker{i}.json"):
             (out / spent).unlink(missing_ok=True)
     (out / "regenerate-options.json").unlink(missing_ok=True)
-    return stats
+    return stats, written
 
 
 def _follow(procs, journal_paths: list[Path], total: int, progress: bool) -> None:
@@ -206,7 +214,6 @@ def _worker_main(argv: list[str]) -> None:
     # that also splits at U+2028 and friends, which JSON written with ensure_ascii=False keeps raw in strings
     generator = make_generator(options, target or None)
     _, stats = regenerate(conversations, Path(journal), generator, options, progress=False)
-    stats.conversations_resumed = 0  # the parent counts resumed conversations over all journals
     write_json_atomic(Path(stats_path), asdict(stats))
 
 
