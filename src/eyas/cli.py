@@ -229,15 +229,10 @@ def export(
     dtype: str = typer.Option("bf16", help="bf16 or fp16 (fp32 for tests)"),
 ) -> None:
     """Export a trained drafter in the EAGLE-3 format SGLang and vLLM both load, then check it."""
-    from eyas.export.check import check_draft_dir
-    from eyas.export.eagle3 import export_run
+    from eyas.export.stage import ExportOptions, export_stage
 
     with _user_errors():
-        path = export_run(run_dir, out, dtype, format)
-        result = check_draft_dir(path)
-    console.print(f"wrote {path}; eyas check: {'ok' if result.ok else 'FAILED'}", soft_wrap=True)
-    for problem in result.errors + result.warnings:
-        console.print(f"  {problem}", soft_wrap=True, highlight=False)
+        export_stage(ExportOptions(run_dir=run_dir, out=out, format=format, dtype=dtype), console)
 
 
 @app.command()

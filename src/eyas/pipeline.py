@@ -51,15 +51,9 @@ def run_pipeline(config: RunConfig, console: Console) -> None:
             console.print(f"{result.steps} steps, {result.tokens:,} tokens in {result.seconds:.0f} s"
                           + (f"; holdout τ (simulated) {final['tau']:.2f}" if final else ""), soft_wrap=True)
         elif stage == "export":
-            from eyas.export.check import check_draft_dir
-            from eyas.export.eagle3 import export_run
+            from eyas.export.stage import export_stage
 
-            options = config.options("export", run_dir=run, out=draft)
-            path = export_run(options.run_dir, options.out, options.dtype, options.format)
-            checked = check_draft_dir(path)
-            console.print(f"wrote {path}; eyas check: {'ok' if checked.ok else 'FAILED'}", soft_wrap=True)
-            for problem in checked.errors + checked.warnings:
-                console.print(f"  {problem}", soft_wrap=True, highlight=False)
+            export_stage(config.options("export", run_dir=run, out=draft), console)
         elif stage == "bench":
             from eyas.bench.report import markdown
             from eyas.bench.stage import bench_stage
