@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as a package (a dependency there)
+    import tomli as tomllib
 
 from eyas.bench.stage import BenchOptions
 from eyas.data.prepare import PrepareOptions
