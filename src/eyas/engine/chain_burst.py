@@ -19,6 +19,7 @@ import torch
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.graphs import InputBuffer
 from eyas.engine.target_runner import TargetRunner
+from eyas.engine.verify import chain_verdict
 
 MAX_ROUNDS = 16  # rounds per burst: the most a burst can overshoot a stop token
 
@@ -46,7 +47,6 @@ class ChainBurst:
         self.accepted = torch.zeros(MAX_ROUNDS, dtype=torch.long, device=device)
         self._steps = torch.arange(n, device=device)
         self._causal = torch.ones(n, n, dtype=torch.long, device=device).tril()
-        self._commit_window = torch.ones(n, n, dtype=torch.bool, device=drafter.device).tril()
 
     def rounds_that_fit(self, wanted: int) -> int:
         """How many rounds (≤ ``wanted``, ≤ MAX_ROUNDS) fit both caches even if every draft is accepted."""
@@ -100,32 +100,13 @@ class ChainBurst:
         emitted, positions = state[6 : 6 + n], state[6 + n : 6 + 2 * n]
 
         # The drafter: commit the last verify's states (each with the token after it), draft from the last valid one.
-        drafter = self.drafter
-        drafter._window = self._commit_window
-        drafter._offsets = torch.cat([d_len, d_len])
-        prenorm, _, ids = drafter._compute(self.aux, emitted.view(1, n), positions.view(1, n), 1, True,
-                                           drafter._attend_static)
-        last = valid - 1
-        hidden = prenorm.index_select(1, last)
-        position = positions.index_select(0, last).view(1, 1)
-        token = drafter.drafter.to_target_ids(ids.index_select(0, last)[:, :1]).view(1, 1)
-        committed = d_len + valid
-        drafted = [token]
-        for step in range(1, k):  # step i sees the committed positions and the i − 1 drafts before it
-            drafter._window = torch.ones(1, step, dtype=torch.bool, device=drafter.device)
-            drafter._offsets = torch.cat([committed, committed + step - 1])
-            position = position + 1
-            hidden, _, ids = drafter._compute(hidden, token, position, 1, False, drafter._attend_static)
-            token = drafter.drafter.to_target_ids(ids[:, :1]).view(1, 1)
-            drafted.append(token)
-        drafts = torch.cat(drafted, dim=1).view(k).to(self.target.device)
+        drafts = self.drafter.chain_on_device(self.aux, emitted.view(1, n), positions.view(1, n), d_len, valid, k)
+        drafts = drafts.to(self.target.device)
 
         # The target: verify root + drafts at the positions after its committed ones (a chain's slots).
         where = t_len + self._steps
         logits = self.target._static_step(t_len, torch.cat([root, drafts]).view(1, n), where.view(1, n), self._causal)
-        choice = logits[0].argmax(-1)
-        accepted = (choice[:-1] == drafts).long().cumprod(0).sum().view(1)
-        bonus = choice.index_select(0, accepted)
+        accepted, bonus = chain_verdict(drafts, logits[0])
         new = torch.cat([drafts, bonus])  # placeholder last, then the bonus written at its place
         new.index_copy_(0, accepted, bonus)
 
@@ -136,7 +117,7 @@ class ChainBurst:
         state[6 : 6 + n].copy_(new)
         state[6 + n : 6 + 2 * n].copy_(where)
         state[0:1].add_(accepted + 1)
-        state[1:2].copy_(committed)
+        state[1:2].add_(valid)  # the drafter committed the valid states
         state[2:3].copy_(bonus)
         state[3:4].copy_(accepted + 1)
         state[4:5].add_(accepted + 1)

@@ -155,6 +155,31 @@ class DraftRunner:
         self.rollback()
         return torch.cat(drafted, dim=1)[0]
 
+    def chain_on_device(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+                        length: torch.Tensor, valid: torch.Tensor, steps: int) -> torch.Tensor:
+        """Commit target states and draft ``steps`` tokens with every number on the device (recordable):
+        ``aux`` [1, n, k·Ht] with the token after each [1, n] at ``positions`` [1, n] are written at slots
+        from ``length`` [1]; the first ``valid`` [1] of them count (the later slots are overwritten by the
+        drafts before anything reads them), and drafting starts from the last valid one → target ids [steps]."""
+        n = next_tokens.shape[1]
+        self._window = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        self._offsets = torch.cat([length, length])
+        prenorm, _, ids = self._compute(aux, next_tokens, positions, 1, True, self._attend_static)
+        last = valid - 1
+        hidden = prenorm.index_select(1, last)
+        position = positions[0].index_select(0, last).view(1, 1)
+        token = self.drafter.to_target_ids(ids.index_select(0, last)[:, :1]).view(1, 1)
+        committed = length + valid
+        drafted = [token]
+        for step in range(1, steps):  # step i sees the committed positions and the i − 1 drafts before it
+            self._window = torch.ones(1, step, dtype=torch.bool, device=self.device)
+            self._offsets = torch.cat([committed, committed + step - 1])
+            position = position + 1
+            hidden, _, ids = self._compute(hidden, token, position, 1, False, self._attend_static)
+            token = self.drafter.to_target_ids(ids[:, :1]).view(1, 1)
+            drafted.append(token)
+        return torch.cat(drafted, dim=1)[0]
+
     def _draft_chain_static(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
                             steps: int) -> torch.Tensor:
         """The commit step and every drafting step in one recorded function: each step's token, hidden
@@ -174,20 +199,8 @@ class DraftRunner:
 
         def run():
             length, tokens, where = numbers[:1], numbers[1 : 1 + n].view(1, n), numbers[1 + n :].view(1, n)
-            self._window = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-            self._offsets = torch.cat([length, length])
-            prenorm, _, ids = self._compute(xs, tokens, where, 1, True, self._attend_static)
-            hidden, position = prenorm[:, -1:], where[:, -1:]
-            token = self.drafter.to_target_ids(ids[-1:, :1]).view(1, 1)
-            drafted = [token]
-            for step in range(1, steps):  # step i sees the committed positions and the i − 1 drafts before it
-                self._window = torch.ones(1, step, dtype=torch.bool, device=self.device)
-                self._offsets = torch.cat([length + n, length + n + step - 1])
-                position = position + 1
-                hidden, _, ids = self._compute(hidden, token, position, 1, False, self._attend_static)
-                token = self.drafter.to_target_ids(ids[:, :1]).view(1, 1)
-                drafted.append(token)
-            return torch.cat(drafted, dim=1)[0]
+            every = self._slot_index[n - 1 : n] + 1  # n, on the device: every state counts
+            return self.chain_on_device(xs, tokens, where, length, every, steps)
 
         drafted = self.graphs.run(key, run)
         self.length += n  # the states are committed; the drafts were speculative and are dropped

@@ -59,14 +59,18 @@ def walk_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
         path.append(node)
 
 
-def accept_chain_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, int, list[int]]:
-    """A greedy chain's verdict from ``drafts`` [k] and the target's logits at the root and each draft
-    [k + 1, V], both on the device: (drafts accepted, bonus token, the drafts as ids). The same walk
-    as :func:`walk_greedy`, computed on the device and read back once."""
+def chain_verdict(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A greedy chain's verdict on the device, from ``drafts`` [k] and the target's logits at the root
+    and each draft [k + 1, V]: (drafts accepted [1], bonus token [1]) — :func:`walk_greedy` for a chain."""
     choice = logits.argmax(-1)
-    accepted = (choice[:-1] == drafts).int().cumprod(0).sum()
-    bonus = choice.gather(0, accepted.view(1))
-    numbers = torch.cat([accepted.view(1), bonus, drafts]).tolist()  # the round's one read-back
+    accepted = (choice[:-1] == drafts).long().cumprod(0).sum().view(1)
+    return accepted, choice.index_select(0, accepted)
+
+
+def accept_chain_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, int, list[int]]:
+    """:func:`chain_verdict` read back once: (drafts accepted, bonus token, the drafts as ids)."""
+    accepted, bonus = chain_verdict(drafts, logits)
+    numbers = torch.cat([accepted, bonus, drafts]).tolist()  # the round's one read-back
     return numbers[0], numbers[1], numbers[2:]
 
 
