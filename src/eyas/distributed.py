@@ -44,9 +44,15 @@ def barrier() -> None:
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum ``tensor`` over ranks in place (no-op in a world of one); returns it."""
+    """Sum ``tensor`` over ranks in place (no-op in a world of one); returns it. NCCL reduces only
+    GPU tensors, so a host tensor (a step's tallies) makes a round trip through the current GPU."""
     if world_size() > 1:
         import torch.distributed as dist
 
-        dist.all_reduce(tensor)
+        if tensor.device.type == "cpu" and dist.get_backend() == "nccl":
+            on_gpu = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+            dist.all_reduce(on_gpu)
+            tensor.copy_(on_gpu)
+        else:
+            dist.all_reduce(tensor)
     return tensor
