@@ -80,7 +80,7 @@ def train(options: TrainOptions) -> TrainReport:
     lead = rank == 0  # rank 0 evaluates, logs and writes checkpoints
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
     out = Path(options.out)
-    setup = _setup(options, device)
+    setup = setup_training(options, device)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
     sharded = options.fsdp and world > 1
     if sharded:
@@ -190,7 +190,7 @@ def _lr_factor(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _setup(options: TrainOptions, device: torch.device) -> dict:
+def setup_training(options: TrainOptions, device: torch.device) -> dict:
     """Data sources, teacher (target lm_head rows), draft vocabulary and the drafter."""
     from eyas.data.vocab import load_vocab
     from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
