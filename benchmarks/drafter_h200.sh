@@ -6,13 +6,16 @@
 #   REGEN_DATA  DATA_DIR prepared from the target's own answers (eyas prepare --regenerate)
 #   ORIG_DATA   DATA_DIR of the same conversations with ShareGPT's original answers
 #   WORK        where runs, drafts and reports go (default ~/work);  LOGS  where logs go (default $WORK/logs)
+#   LR          learning rate (default 3e-3, the best of the 2026-11-30 sweep; that day's runs used 5e-4)
+#   BUDGET      tokens per step and GPU (default 16384);  CKPT  steps between checkpoints (default 100)
 #
 #   benchmarks/drafter_h200.sh ablate STEPS [PROMPTS]
 #       2×2 grid on one budget: {regenerated, original} answers × {TTT 7, TTT 1}. GPU 0 trains on the
 #       regenerated data, GPU 1 on the original, each TTT 7 then TTT 1, STEPS steps of 16384 tokens; each
 #       drafter is exported and benched on the first PROMPTS MT-bench prompts (chain:5, tree:60,7,10, T=0).
-#   benchmarks/drafter_h200.sh final STEPS
-#       the drafter: regenerated data, TTT 7, data parallel over every visible GPU (torchrun), resumable.
+#   benchmarks/drafter_h200.sh final STEPS [RUN_NAME]
+#       the drafter: regenerated data, TTT 7, data parallel over every visible GPU (torchrun), resumable:
+#       the same command continues RUN_NAME (default "final") from its last checkpoint (every CKPT steps).
 #   benchmarks/drafter_h200.sh bench RUN_NAME [PROMPTS] [MAX_NEW_TOKENS]
 #       export RUN_NAME; bench it on MT-bench, HumanEval and the regenerated holdout, chain:5 and
 #       tree:60,7,10: T=0 on GPU 0 and T=1 on GPU 1 at the same time.
@@ -20,8 +23,9 @@ set -u
 TARGET=${TARGET:-~/stage/smollm2.gguf}
 WORK=${WORK:-~/work}
 LOGS=${LOGS:-$WORK/logs}
-LR=${LR:-5e-4}
+LR=${LR:-3e-3}
 BUDGET=${BUDGET:-16384}
+CKPT=${CKPT:-100}
 mkdir -p "$WORK/runs" "$WORK/drafts" "$WORK/bench" "$LOGS"
 
 train_one() {  # GPU NAME DATA TTT STEPS
@@ -63,15 +67,16 @@ case "${1:-}" in
     summary ;;
   final)
     gpus=$(python3 -c 'import torch; print(max(1, torch.cuda.device_count()))')
+    run=${3:-final}
     python3 -m torch.distributed.run --nproc-per-node "$gpus" -m eyas train --target "$TARGET" --data "$REGEN_DATA" \
-      --online --out "$WORK/runs/final" --ttt-steps 7 --max-steps "$2" --token-budget "$BUDGET" --lr "$LR" \
-      --checkpoint-every 200 --resume > "$LOGS/train-final.log" 2>&1
-    echo "final: rc=$?"; tail -n 1 "$WORK/runs/final/metrics.jsonl" | cut -c1-400 ;;
+      --online --out "$WORK/runs/$run" --ttt-steps 7 --max-steps "$2" --token-budget "$BUDGET" --lr "$LR" \
+      --checkpoint-every "$CKPT" --resume >> "$LOGS/train-$run.log" 2>&1
+    echo "$run: rc=$?"; tail -n 1 "$WORK/runs/$run/metrics.jsonl" | cut -c1-400 ;;
   bench)
     export_one 0 "$2" || { echo "export failed"; exit 1; }
     sets=mt-bench,humaneval,sharegpt-holdout
     bench_one 0 "$2" -t0 "$sets" "${3:-40}" "${4:-256}" 0 "$REGEN_DATA" &
     bench_one 1 "$2" -t1 "$sets" "${3:-40}" "${4:-256}" 1 "$REGEN_DATA" & wait
     summary ;;
-  *) sed -n 2,22p "$0"; exit 2 ;;
+  *) sed -n 2,25p "$0"; exit 2 ;;
 esac
