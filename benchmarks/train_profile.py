@@ -14,7 +14,6 @@ are listed. Prints tokens/s of the whole step, to compare with the trainer's own
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 
 from eyas.drafter.loss import step_loss, target_signal
 from eyas.drafter.ttt import ttt_steps
-from eyas.train.trainer import TrainOptions, setup_training
+from eyas.train.trainer import TrainOptions, setup_training, training_autocast
 
 
 def sync(device: torch.device) -> None:
@@ -31,7 +30,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def one_step(setup: dict, optimizer, index: int, steps: int, decay: float, device, autocast, times: dict) -> int:
+def one_step(setup: dict, optimizer, index: int, options: TrainOptions, device, autocast, times: dict) -> int:
     """One micro-batch, optimizer step included; adds each phase's seconds to ``times``; returns its tokens."""
 
     def phase(name, fn):
@@ -47,12 +46,18 @@ def one_step(setup: dict, optimizer, index: int, steps: int, decay: float, devic
     signal = phase("teacher (target lm_head)", lambda: target_signal(batch.final, setup["head"], setup["draft_ids"]))
     total = 0.0
     with autocast():
-        unrolled = ttt_steps(drafter, batch.aux, batch.input_ids, batch.valid, steps)
-        for k in range(steps):
+        unrolled = ttt_steps(drafter, batch.aux, batch.input_ids, batch.valid, options.ttt_steps)
+        for k in range(options.ttt_steps):
             result = phase(f"TTT step {k} forward + loss", lambda k=k: step_loss(next(unrolled), signal, batch.loss_mask, k))
-            total = total + decay**k * result.loss
+            total = total + options.step_decay**k * result.loss
     phase("backward", lambda: total.backward())
-    phase("AdamW", lambda: (optimizer.step(), optimizer.zero_grad(set_to_none=True)))
+
+    def update():
+        torch.nn.utils.clip_grad_norm_(drafter.trainable_parameters(), options.clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    phase("clip + AdamW", update)
     return batch.tokens
 
 
@@ -73,17 +78,21 @@ def main() -> None:
     setup = setup_training(options, device)
     source, drafter = setup["source"], setup["drafter"]
     drafter.train()
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
-    optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=1e-4)
-    order = sorted(range(len(source.batches)), key=lambda i: -max(len(source.samples[j].input_ids) for j in source.batches[i])) \
-        if args.largest else list(range(len(source.batches)))
+    autocast = training_autocast(device)
+    optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas,
+                                  weight_decay=options.weight_decay)  # as the trainer builds it
+
+    def longest(i: int) -> int:
+        return max(len(source.samples[j].input_ids) for j in source.batches[i])
+
+    order = sorted(range(len(source.batches)), key=longest, reverse=True) if args.largest else list(range(len(source.batches)))
     chosen = order[: args.batches + 1]
-    shapes = [(len(source.batches[i]), max(len(source.samples[j].input_ids) for j in source.batches[i])) for i in chosen]
+    shapes = [(len(source.batches[i]), longest(i)) for i in chosen]
     print(f"{device}, TTT {args.ttt_steps}, batches (sequences × longest): {shapes}")
 
-    one_step(setup, optimizer, chosen[0], args.ttt_steps, options.step_decay, device, autocast, defaultdict(float))  # warm-up
+    one_step(setup, optimizer, chosen[0], options, device, autocast, defaultdict(float))  # warm-up
     times: dict = defaultdict(float)
-    tokens = sum(one_step(setup, optimizer, i, args.ttt_steps, options.step_decay, device, autocast, times) for i in chosen[1:])
+    tokens = sum(one_step(setup, optimizer, i, options, device, autocast, times) for i in chosen[1:])
     wall = sum(times.values())
     for name, seconds in times.items():
         print(f"{name:<32} {seconds / max(1, len(chosen) - 1) * 1e3:9.1f} ms/batch  {seconds / wall:6.1%}")
@@ -94,7 +103,7 @@ def main() -> None:
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=activities) as prof:
-            one_step(setup, optimizer, chosen[-1], args.ttt_steps, options.step_decay, device, autocast, defaultdict(float))
+            one_step(setup, optimizer, chosen[-1], options, device, autocast, defaultdict(float))
         key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
         print(prof.key_averages().table(sort_by=key, row_limit=args.kernels))
 

@@ -78,7 +78,7 @@ def train(options: TrainOptions) -> TrainReport:
     torch.manual_seed(options.seed)
     rank, world, device = init_distributed()
     lead = rank == 0  # rank 0 evaluates, logs and writes checkpoints
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
+    autocast = training_autocast(device)
     out = Path(options.out)
     setup = setup_training(options, device)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
@@ -188,6 +188,11 @@ def _lr_factor(step: int, warmup: int, total: int) -> float:
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def training_autocast(device: torch.device):
+    """The context the drafter's forwards run in: bf16 autocast on CUDA (fp32 master weights), plain fp32 elsewhere."""
+    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
 
 
 def setup_training(options: TrainOptions, device: torch.device) -> dict:
