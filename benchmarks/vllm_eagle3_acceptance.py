@@ -68,25 +68,15 @@ def shifted_export(draft: Path, out: Path, target_type: str, target_layers: int,
     return config.layer_ids
 
 
-def export_without_d2t(draft: Path, out: Path, target_layers: int) -> tuple[int, int]:
-    """The same drafter without its d2t: engines load it silently and map draft ids as target ids.
-    Returns (draft ids that still map right — d2t = 0, the draft id is the target id —, all draft ids)."""
+def export_with_d2t(draft: Path, out: Path, target_layers: int, d2t: torch.Tensor | None, why: str) -> None:
+    """The same drafter with its d2t replaced by ``d2t`` (None: dropped, so engines load it silently
+    and map draft ids as target ids)."""
     config, tensors = import_draft_dir(draft, target_layers)
-    d2t = tensors.pop("d2t")
-    unchanged = (int((d2t == 0).sum()), len(d2t))
+    tensors.pop("d2t")
+    if d2t is not None:
+        tensors["d2t"] = d2t
     spelled = json.loads((Path(draft) / "config.json").read_text())
-    write_draft_dir(out, spelled, {n: t.contiguous() for n, t in sorted(tensors.items())}, "deliberately wrong: no d2t\n")
-    return unchanged
-
-
-def export_rotated_d2t(draft: Path, out: Path, target_layers: int) -> None:
-    """The same drafter with every draft id mapped to the next draft token's target id: a d2t of the
-    right size and kind, wrong for every id — the control that must collapse acceptance."""
-    config, tensors = import_draft_dir(draft, target_layers)
-    index = torch.arange(len(tensors["d2t"]), dtype=tensors["d2t"].dtype)
-    tensors["d2t"] = torch.roll(index + tensors["d2t"], 1) - index
-    spelled = json.loads((Path(draft) / "config.json").read_text())
-    write_draft_dir(out, spelled, {n: t.contiguous() for n, t in sorted(tensors.items())}, "deliberately wrong: d2t rotated\n")
+    write_draft_dir(out, spelled, {n: t.contiguous() for n, t in sorted(tensors.items())}, f"deliberately wrong: {why}\n")
 
 
 def eyas_side(target, prompts, drafts: dict[str, Path], max_new: int, k: int, stop: set[int]) -> dict:
@@ -156,8 +146,11 @@ def main() -> None:
     layers = int(text.num_hidden_layers)
     shifted_ids = {name: shifted_export(args.draft, work / f"draft-{name}", text.model_type, layers, shift)
                    for name, shift in (("shifted+1", 1), ("shifted-1", -1))}
-    identity_ids = export_without_d2t(args.draft, work / "draft-no-d2t", layers)
-    export_rotated_d2t(args.draft, work / "draft-rotated-d2t", layers)
+    d2t = import_draft_dir(args.draft, layers)[1]["d2t"]
+    identity_ids = (int((d2t == 0).sum()), len(d2t))  # draft ids that still map right without d2t
+    export_with_d2t(args.draft, work / "draft-no-d2t", layers, None, "no d2t")
+    index = torch.arange(len(d2t), dtype=d2t.dtype)  # every draft id → the next draft token's target id
+    export_with_d2t(args.draft, work / "draft-rotated-d2t", layers, torch.roll(index + d2t, 1) - index, "d2t rotated")
     drafts = {"drafter": args.draft, **{name: work / f"draft-{name}" for name in shifted_ids},
               "no-d2t": work / "draft-no-d2t", "rotated-d2t": work / "draft-rotated-d2t"}
     (work / "prompts.json").write_text(json.dumps(prompts))
