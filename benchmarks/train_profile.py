@@ -46,7 +46,7 @@ def one_step(setup: dict, optimizer, index: int, options: TrainOptions, device, 
     signal = phase("teacher (target lm_head)", lambda: target_signal(batch.final, setup["head"], setup["draft_ids"]))
     total = 0.0
     with autocast():
-        unrolled = ttt_steps(drafter, batch.aux, batch.input_ids, batch.valid, options.ttt_steps)
+        unrolled = ttt_steps(drafter, batch.aux, batch.input_ids, options.ttt_steps)
         for k in range(options.ttt_steps):
             result = phase(f"TTT step {k} forward + loss", lambda k=k: step_loss(next(unrolled), signal, batch.loss_mask, k))
             total = total + options.step_decay**k * result.loss

@@ -50,9 +50,8 @@ def test_ttt_step_k_equals_chained_drafting(config):
     input_ids = torch.cat([tokens, torch.stack(drafted, dim=1)[:, : steps - 1]], dim=1)
     total = input_ids.shape[1]
     aux = torch.cat([aux_prefix, torch.randn(batch, total - prefix, config.aux_width, generator=gen)], dim=1)
-    valid = torch.ones(batch, total, dtype=torch.bool)
     with torch.no_grad():
-        ttt_logits = list(ttt_steps(drafter, aux, input_ids, valid, steps))
+        ttt_logits = list(ttt_steps(drafter, aux, input_ids, steps))
     position = prefix - 1  # the last real position: where the chain was drafted from
     for k in range(steps):
         expected, got = chain_logits[k], ttt_logits[k][:, position]
@@ -68,11 +67,10 @@ def test_padding_and_other_rows_do_not_leak_into_a_sequence():
     gen = torch.Generator().manual_seed(2)
     aux = torch.randn(2, 9, config.aux_width, generator=gen)
     ids = torch.randint(0, config.vocab_size, (2, 9), generator=gen)
-    valid = torch.ones(2, 9, dtype=torch.bool)
-    valid[1, 5:] = False  # row 1 is 5 tokens long, right-padded
+    # row 1 is 5 tokens long, right-padded: whatever its padding holds must not reach its first 5 positions
     with torch.no_grad():
-        batched = list(ttt_steps(drafter, aux, ids, valid, 3))
-        alone = list(ttt_steps(drafter, aux[1:, :5], ids[1:, :5], valid[1:, :5], 3))
+        batched = list(ttt_steps(drafter, aux, ids, 3))
+        alone = list(ttt_steps(drafter, aux[1:, :5], ids[1:, :5], 3))
     for k in range(3):
         usable = 5 - 1 - k  # positions whose step-k token is still inside the sequence
         torch.testing.assert_close(batched[k][1, :usable], alone[k][0, :usable], rtol=1e-5, atol=1e-5)

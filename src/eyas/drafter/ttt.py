@@ -4,9 +4,17 @@ At step k (k = 0 … K−1) position i is the drafter drafting k steps ahead of 
   - its hidden is fc(target states at i) at step 0, then its own pre-norm output of step k−1 at i;
   - its token is the sequence's token i+1+k (the input ids shifted left by 1+k);
   - its RoPE position is i + k;
-  - it attends to the step-0 keys of positions ≤ i (real target features, causal, padding excluded)
-    and to its own earlier steps' keys at the same position i — exactly the keys a chained draft from
-    prefix 0…i has in its cache. :func:`eyas.drafter.step.greedy_chain` is pinned to these logits.
+  - it attends to the step-0 keys of positions ≤ i (real target features, causal) and to its own
+    earlier steps' keys at the same position i — exactly the keys a chained draft from prefix 0…i has
+    in its cache. :func:`eyas.drafter.step.greedy_chain` is pinned to these logits.
+
+Batches are right-padded, so causal attention alone keeps a real position away from padding; what a
+padding position computes is never read by a real one (its own keys sit at its own position).
+
+Attention at step k is one softmax over T causal scores plus k "own" scores, computed as that and
+nothing more: the real keys' scores [B, h, T, T] once, each earlier step's own key as one dot product
+per position. (Concatenating every step's keys under a [T, (k+1)·T] mask, the obvious way, costs k+1
+times the work and the memory at step k, almost all of it on masked-out keys.)
 """
 
 from __future__ import annotations
@@ -27,31 +35,46 @@ def shift_left(x: torch.Tensor, by: int, fill=0) -> torch.Tensor:
     return torch.cat([x[:, by:], pad], dim=1)
 
 
-def ttt_steps(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor, valid: torch.Tensor,
-              steps: int) -> Iterator[torch.Tensor]:
+def attend_real_and_own(q: torch.Tensor, real_k: torch.Tensor, real_v: torch.Tensor, own_k: list[torch.Tensor],
+                        own_v: list[torch.Tensor]) -> torch.Tensor:
+    """softmax over (causal real keys ∪ each own key at the query's position) · values, [B, h, T, d].
+
+    ``real_*`` [B, h, T, d] are step 0's keys and values; ``own_*`` hold one [B, h, T, d] per later
+    step, the current one included.
+    """
+    tokens = q.shape[2]
+    scale = q.shape[-1] ** -0.5
+    future = torch.ones(tokens, tokens, dtype=torch.bool, device=q.device).triu(1)
+    real_scores = (q @ real_k.transpose(-1, -2) * scale).masked_fill(future, float("-inf"))
+    own_keys, own_values = torch.stack(own_k, dim=3), torch.stack(own_v, dim=3)  # [B, h, T, k, d]
+    own_scores = (q.unsqueeze(3) * own_keys).sum(-1) * scale  # [B, h, T, k]
+    weights = torch.softmax(torch.cat([real_scores, own_scores.to(real_scores.dtype)], dim=-1), dim=-1)
+    real_part = weights[..., :tokens].to(real_v.dtype) @ real_v
+    own_part = (weights[..., tokens:].unsqueeze(-1) * own_values).sum(3)
+    return (real_part + own_part).to(q.dtype)
+
+
+def ttt_steps(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> Iterator[torch.Tensor]:
     """Yield the draft logits [B, T, Vd] of steps 0 … steps−1 (see the module docstring for their meaning).
 
-    ``aux`` [B, T, k·Ht] target states, ``input_ids`` [B, T], ``valid`` [B, T] (True on real tokens;
-    batches are right-padded). Sequences of a batch never attend to each other.
+    ``aux`` [B, T, k·Ht] target states, ``input_ids`` [B, T], right-padded rows. Sequences of a batch
+    never attend to each other.
     """
     batch, tokens = input_ids.shape
-    device = input_ids.device
-    positions = torch.arange(tokens, device=device).expand(batch, tokens)
-    index = torch.arange(tokens, device=device)
-    causal = index[None, :] <= index[:, None]  # [query, key]
-    # Real-feature keys: causal, padding keys hidden (a padding query still sees itself: no empty rows).
-    real_keys = (causal[None] & (valid[:, None, :] | torch.eye(tokens, dtype=torch.bool, device=device)[None]))[:, None]
-    own_keys = torch.eye(tokens, dtype=torch.bool, device=device).expand(batch, 1, tokens, tokens)
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
+    positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
+    real: list[torch.Tensor] = []  # step 0's keys and values
+    own_k: list[torch.Tensor] = []
+    own_v: list[torch.Tensor] = []
     hidden = drafter.fc(aux)
     for k in range(steps):
-        mask = torch.cat([real_keys, *([own_keys] * k)], dim=-1)
 
-        def attend(q, key, value, mask=mask):
-            keys.append(key)
-            values.append(value)
-            return F.scaled_dot_product_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), attn_mask=mask)
+        def attend(q, key, value, first=k == 0):
+            if first:  # real features only: plain causal attention (a fused kernel)
+                real.extend((key, value))
+                return F.scaled_dot_product_attention(q, key, value, is_causal=True)
+            own_k.append(key)
+            own_v.append(value)
+            return attend_real_and_own(q, real[0], real[1], own_k, own_v)
 
         hidden = drafter.layer(hidden, shift_left(input_ids, 1 + k), positions + k, attend)
         yield drafter.logits(hidden)

@@ -32,13 +32,12 @@ def evaluate(drafter, source, head: torch.Tensor, draft_ids: torch.Tensor, steps
         alive = base.clone()
         total = 0.0
         with autocast():
-            for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, batch.valid, steps)):
+            for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, steps)):
                 result = step_loss(logits, signal, batch.loss_mask, k)
                 total += step_weights[k] * float(result.loss)
                 correct[k] += float(result.correct)
                 counted[k] += float(result.count)
-                hit = (logits.argmax(-1) == shift_left(signal.argmax, 1 + k)) & shift_left(signal.in_draft, 1 + k, fill=False)
-                alive &= hit & (shift_left(batch.loss_mask, 2 + k) > 0)
+                alive &= result.hits  # draft k right where it is counted: an assistant token the draft vocabulary holds
                 accepted[k] += float(alive.sum())
         positions += float(base.sum())
         loss_sum += total

@@ -120,8 +120,10 @@ def train(options: TrainOptions) -> TrainReport:
     with progress_bar("train" if world == 1 else f"train (rank {rank}/{world})", total=total_steps, unit="step") as bar:
         bar(step)
         while step < total_steps:
-            losses = torch.zeros(options.ttt_steps)
-            correct, counted, tokens = torch.zeros(options.ttt_steps), torch.zeros(options.ttt_steps), 0
+            # Tallies stay on the device until the step ends: reading one back per TTT step would make the
+            # host wait for the GPU 21 times a batch instead of queueing the next kernels.
+            losses = torch.zeros(options.ttt_steps, device=device)
+            correct, counted, tokens = torch.zeros_like(losses), torch.zeros_like(losses), 0
             global_items = [next(stream) for _ in range(per_step)]  # every rank walks the same global order
             epoch, index = global_items[-1][0], global_items[-1][1]  # data position after this step
             mine = global_items[rank::world]
@@ -130,12 +132,12 @@ def train(options: TrainOptions) -> TrainReport:
                 signal = target_signal(batch.final, head, draft_ids)
                 total = 0.0
                 with autocast():
-                    for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, batch.valid, options.ttt_steps)):
+                    for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, options.ttt_steps)):
                         result = step_loss(logits, signal, batch.loss_mask, k)
                         total = total + weights[k] * result.loss
-                        losses[k] += float(result.loss.detach()) / options.grad_accum
-                        correct[k] += float(result.correct)
-                        counted[k] += float(result.count)
+                        losses[k] += result.loss.detach() / options.grad_accum
+                        correct[k] += result.correct
+                        counted[k] += result.count
                 (total / options.grad_accum).backward()
                 tokens += batch.tokens
             if world > 1:  # average gradients over ranks: the same as one process accumulating them all
@@ -146,6 +148,7 @@ def train(options: TrainOptions) -> TrainReport:
                     all_reduce_sum(tally)
                 losses /= world
                 tokens = int(all_reduce_sum(torch.tensor(tokens)))
+            losses, correct, counted = losses.cpu(), correct.cpu(), counted.cpu()
             grad_norm = torch.nn.utils.clip_grad_norm_(drafter.trainable_parameters(), options.clip)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             optimizer.step()
