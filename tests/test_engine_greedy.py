@@ -72,6 +72,25 @@ def test_static_shapes_decode_the_same(arch):
     assert target.cache.visible == target.capacity
 
 
+def test_prompts_of_new_lengths_add_no_static_shape():
+    """A prompt's states are committed eagerly and every shape a round can take is run before the
+    first round: on a GPU no graph is recorded while decoding, and none is kept per prompt length."""
+    model = ARCHITECTURES["llama"][0]()
+    target, drafter = runners(model, static_shapes=True)
+    for speculation in (Speculation("chain", 4), Speculation("tree", top_k=4, depth=3, total=10)):
+        generate(target, prompt_of(1, length=8), NEW_TOKENS, drafter, speculation)
+        after_first = drafter.shapes
+        if speculation.mode == "chain":  # ("chain", states, steps): commit and drafts in one step
+            committed = {key[1] for key in after_first if key[0] == "chain"}
+        else:  # (states, window, top_k, from_target)
+            committed = {key[0] for key in after_first if key[0] != "chain" and key[3]}
+        assert committed == set(range(1, speculation.max_depth + 2)), speculation.label()
+        for seed, length in ((2, 11), (3, 17), (4, 23)):
+            prompt = prompt_of(seed, length)
+            assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == reference_greedy(model, prompt, NEW_TOKENS)
+        assert drafter.shapes == after_first, speculation.label()
+
+
 class OracleDrafter(DraftRunner):
     """Drafts the true greedy continuation, except that draft ``wrong_at`` of every round is wrong."""
 

@@ -96,6 +96,32 @@ class _Chooser:
         return walk_sampling(tree, target_probs(logits.cpu(), self.sampling), self.generator)
 
 
+def prepare_rounds(drafter: DraftRunner, speculation: Speculation, aux: torch.Tensor) -> None:
+    """With static shapes, run the drafter once (on a GPU: record its graphs) in every shape a round of
+    ``speculation`` can take, before the first round. A round commits 1 … max depth + 1 accepted states;
+    left to decoding, each length would be recorded the first time it is accepted, in the middle of a
+    timed generation (tens of milliseconds a recording, seconds when compiled). Once per mode."""
+    if not drafter.static_shapes or speculation.label() in drafter.prepared_modes:
+        return
+    width, dtype = aux.shape[-1], aux.dtype
+
+    def draft(count: int, start: int) -> None:
+        states = torch.zeros(1, count, width, dtype=dtype)
+        tokens = torch.zeros(1, count, dtype=torch.long)
+        positions = torch.arange(start, start + count).unsqueeze(0)
+        if speculation.mode == "chain":
+            drafter.draft_chain(states, tokens, positions, speculation.draft_length)
+        else:
+            draft_tree(drafter, states, tokens, positions, 0, speculation.top_k, speculation.depth, speculation.total)
+
+    for count in range(1, speculation.max_depth + 2):
+        drafter.reset()
+        draft(1, 0)  # a one-token prompt: committed eagerly, then the drafting steps every round shares
+        draft(count, 1)  # a round's accepted states
+    drafter.reset()
+    drafter.prepared_modes.add(speculation.label())
+
+
 def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, drafter: DraftRunner | None = None,
              speculation: Speculation | None = None, sampling: Sampling | None = None,
              stop_ids: Iterable[int] = (), on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
@@ -133,6 +159,7 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
             token = chooser.next_token(logits[0, -1])
             if emit([token]):
                 return result
+    prepare_rounds(drafter, speculation, aux)
     drafter.reset()
     greedy_chain = speculation.mode == "chain" and chooser.sampling.greedy
     burst = chain_burst(target, drafter, speculation.draft_length) if (

@@ -45,9 +45,21 @@ class DraftRunner:
         self._offsets: torch.Tensor | None = None  # the running step's [committed length, first new slot]
         self._inputs: dict[tuple, tuple[InputBuffer, ...]] = {}
         self._window: torch.Tensor | None = None  # the mask of the step being run [n, window]
+        self.prepared_modes: set[str] = set()  # speculation modes whose round shapes are recorded (decode.py)
 
     def reset(self) -> None:
         self.length = self.speculative = 0
+
+    @property
+    def shapes(self) -> frozenset[tuple]:
+        """The fixed step shapes run so far (static shapes); on a GPU each is one recorded CUDA graph."""
+        return frozenset(self._inputs)
+
+    def is_prompt(self, from_target: bool) -> bool:
+        """True for the prompt's states, the first commit of a generation. Those run eagerly, as the
+        target's prefill does: a static shape (and a CUDA graph with its memory pool) per prompt length
+        would be recorded while decoding, once for every new length, and kept for good."""
+        return from_target and self.length == 0
 
     def rollback(self) -> None:
         """Forget this round's drafted positions."""
@@ -71,7 +83,7 @@ class DraftRunner:
             raise ValueError("commit the target's states before drafting (after rollback)")
         if self.length + self.speculative + n > self.capacity:
             raise ValueError(f"the drafter cache holds {self.capacity} positions, {self.length + self.speculative + n} needed")
-        if self.static_shapes:
+        if self.static_shapes and not self.is_prompt(from_target):
             out = self._step_static(x, token_ids, positions, window, top_k, from_target)
         else:
             self._window = window.to(self.device)
@@ -137,7 +149,7 @@ class DraftRunner:
         draft ``steps`` tokens greedily after them → target ids [steps] (on the drafter's device: no
         host synchronisation between steps). With static shapes the whole chain is one step (one graph)."""
         self.rollback()
-        if self.static_shapes:
+        if self.static_shapes and not self.is_prompt(True):
             return self._draft_chain_static(aux, next_tokens, positions, steps)
         n = next_tokens.shape[1]
         prenorm, _, ids = self.step(aux, next_tokens, positions, torch.ones(n, n, dtype=torch.bool).tril(), commit=True,
