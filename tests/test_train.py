@@ -68,6 +68,46 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(setup, tmp_path):
     assert steps == [0, 1, 2, 3, 4, 5, 6]  # what the killed run logged after its checkpoint is not repeated
 
 
+TERMINATE_DURING_STEP_3 = textwrap.dedent("""
+    import os, signal, sys
+    import eyas.train.trainer as trainer
+    from eyas.cli import app
+    real, calls = trainer.step_loss, []
+
+    def loss_then_term(*args, **kwargs):  # 3 TTT steps a batch: call 7 is step 3's first
+        calls.append(1)
+        if len(calls) == 7:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    trainer.step_loss = loss_then_term
+    app(sys.argv[1:])
+""")
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_finishes_the_same(setup, tmp_path):
+    """A scheduler's time limit or ``timeout`` sends SIGTERM: the run ends after the current step with a
+    checkpoint (step 3, between the regular ones at 2 and 4), and resuming it ends where an
+    uninterrupted run ends."""
+    target, _, features = setup
+    clean = train(opts(target, tmp_path / "clean", features=features))
+    script = tmp_path / "term.py"
+    script.write_text(TERMINATE_DURING_STEP_3)
+    args = ["train", "--target", target, "--features", str(features), "--out", str(tmp_path / "stopped"), "--max-steps", "6",
+            "--token-budget", "256", "--checkpoint-every", "2", "--lr", "1e-3", "--ttt-steps", "3", "--eval-batches", "2"]
+    stopped = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stdout[-2000:] + stopped.stderr[-2000:]
+    assert "stopped by SIGTERM after step 3" in stopped.stdout and "--resume" in stopped.stdout
+    assert (tmp_path / "stopped" / "checkpoints" / "step-00000003").is_dir()
+    assert not (tmp_path / "stopped" / "final").exists()
+    resumed = train(opts(target, tmp_path / "stopped", features=features, resume=True))
+    assert resumed.resumed_from == 3 and resumed.steps == clean.steps == 6
+    a = load_file(tmp_path / "clean" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "stopped" / "final" / "model.safetensors")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
 def test_online_training_equals_offline(setup, tmp_path):
     target, data, features = setup
     offline = train(opts(target, tmp_path / "off", features=features, max_steps=4, checkpoint_every=4))

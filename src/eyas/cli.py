@@ -213,6 +213,10 @@ def train(
     )
     with _user_errors():
         report = run_train(options)
+    if report.stopped_by:
+        console.print(f"stopped by {report.stopped_by} after step {report.steps}, with a checkpoint; the same command "
+                      "with --resume continues", soft_wrap=True)
+        raise typer.Exit(code=report.exit_code)
     first, last = report.initial_eval, report.final_eval
     console.print(f"trained {report.steps} steps ({report.tokens:,} tokens) in {report.seconds:.1f} s → {out}/final", soft_wrap=True)
     if first and last:

@@ -11,13 +11,16 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
+import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from eyas.distributed import all_reduce_sum, barrier, init_distributed
+from eyas.distributed import all_reduce_sum, barrier, init_distributed, world_size
 from eyas.drafter.config import DrafterConfig, drafter_config_from_target
 from eyas.drafter.loss import step_loss, target_signal
 from eyas.drafter.model import Eagle3Drafter
@@ -69,6 +72,8 @@ class TrainReport:
     tokens: int = 0
     seconds: float = 0.0
     resumed_from: int | None = None
+    stopped_by: str | None = None  # the signal that ended the run early, after a checkpoint ("SIGTERM")
+    exit_code: int = 0  # for the command line: 128 + that signal's number
     final_eval: dict = field(default_factory=dict)
     initial_eval: dict = field(default_factory=dict)
 
@@ -117,7 +122,8 @@ def train(options: TrainOptions) -> TrainReport:
     started = time.perf_counter()
     drafter.train()
     stream = batches_forever(source, options.seed, epoch, index)
-    with progress_bar("train" if world == 1 else f"train (rank {rank}/{world})", total=total_steps, unit="step") as bar:
+    bar_name = "train" if world == 1 else f"train (rank {rank}/{world})"
+    with StopRequests() as stop, progress_bar(bar_name, total=total_steps, unit="step") as bar:
         bar(step)
         while step < total_steps:
             # Tallies stay on the device until the step ends: reading one back per TTT step would make the
@@ -161,8 +167,9 @@ def train(options: TrainOptions) -> TrainReport:
                       "step_loss": losses.tolist(), "accuracy": accuracy, "lr": scheduler.get_last_lr()[0],
                       "grad_norm": float(grad_norm), "tokens": tokens,
                       "tokens_per_s": report.tokens / max(time.perf_counter() - started, 1e-9)}
-            checkpoint = step % options.checkpoint_every == 0 or step == total_steps
-            if checkpoint and holdout is not None and (lead or sharded):
+            stopping = stop.agreed() and step < total_steps  # every rank stops after the same step
+            checkpoint = step % options.checkpoint_every == 0 or step == total_steps or stopping
+            if checkpoint and not stopping and holdout is not None and (lead or sharded):
                 record["eval"] = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches,
                                           autocast)
             if lead:
@@ -173,8 +180,16 @@ def train(options: TrainOptions) -> TrainReport:
                 barrier()
             bar(1)
             bar.note(f"loss {record['loss']:.3f} acc₀ {accuracy[0]:.3f} {record['tokens_per_s']:,.0f} tok/s")
+            if stopping:
+                report.stopped_by, report.exit_code = stop.signal_name, stop.exit_code
+                break
     report.steps = step
     report.seconds = time.perf_counter() - started
+    if report.stopped_by:  # checkpointed, not finished: no final weights, no report.json; --resume continues
+        if lead:
+            metrics.close()
+        barrier()
+        return report
     report.final_eval = record.get("eval", {}) if step and lead else {}
     final_state = full_model_state(drafter)  # every rank: a sharded drafter is gathered here
     if lead:
@@ -183,6 +198,45 @@ def train(options: TrainOptions) -> TrainReport:
         write_json_atomic(out / "report.json", asdict(report))
     barrier()
     return report
+
+
+class StopRequests:
+    """SIGTERM (a scheduler's time limit, ``timeout``, torchrun shutting down) or a first Ctrl-C ends
+    training after the current step, with a checkpoint, instead of losing every step since the last
+    one; the same command with ``--resume`` continues. A second Ctrl-C interrupts at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self.exit_code = 0  # 128 + the signal's number, the shell's convention for a run a signal ended
+        self._previous: dict = {}
+
+    def __enter__(self) -> StopRequests:
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            for number in self.SIGNALS:
+                self._previous[number] = signal.signal(number, self._request)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _request(self, number, frame) -> None:
+        if self.signal_name is not None and number == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name, self.exit_code = signal.Signals(number).name, 128 + number
+        print(f"\neyas train: {self.signal_name}; stopping after this step with a checkpoint (Ctrl-C again to "
+              "interrupt now)", file=sys.stderr, flush=True)
+
+    def agreed(self) -> bool:
+        """True when this rank or any other was asked to stop (ranks may see the signal a step apart)."""
+        requested = torch.tensor([1.0 if self.signal_name else 0.0])
+        if world_size() > 1:
+            all_reduce_sum(requested)
+            if self.signal_name is None and requested.item() > 0:
+                self.signal_name, self.exit_code = "a stop on another rank", 128 + signal.SIGTERM
+        return bool(requested.item() > 0)
 
 
 def _lr_factor(step: int, warmup: int, total: int) -> float:
