@@ -85,14 +85,16 @@ def main() -> None:
         for lo, hi in PLACES:
             for turn_name, turn_ok in (("first answer", turn == 0), ("later answers", turn > 0)):
                 chosen = base & turn_ok & (place >= lo) & (place < hi)
-                key = (turn_name, f"{lo}–{hi - 1}" if hi < 1 << 30 else f"{lo}+")
+                key = (turn_name, lo, hi)
                 depth_sum[key] += float(depth[chosen].sum())
                 count[key] += int(chosen.sum())
     print(f"{seen} holdout conversations, TTT {args.ttt_steps}, {device}; simulated τ = 1 + mean accepted depth")
     print(f"{'answer':<14} {'tokens in answer':<17} {'positions':>9} {'simulated τ':>12}")
-    for key in sorted(count, key=lambda k: (k[0], int(k[1].split('–')[0].rstrip('+')))):
+    for key in sorted(count):  # first answers before later ones, each by place
+        turn_name, lo, hi = key
         if count[key]:
-            print(f"{key[0]:<14} {key[1]:<17} {count[key]:>9} {1 + depth_sum[key] / count[key]:>12.2f}")
+            place_name = f"{lo}–{hi - 1}" if hi < 1 << 30 else f"{lo}+"
+            print(f"{turn_name:<14} {place_name:<17} {count[key]:>9} {1 + depth_sum[key] / count[key]:>12.2f}")
     total = sum(count.values())
     print(f"{'all':<14} {'':<17} {total:>9} {1 + sum(depth_sum.values()) / max(1, total):>12.2f}")
 

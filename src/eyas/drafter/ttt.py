@@ -36,15 +36,15 @@ def shift_left(x: torch.Tensor, by: int, fill=0) -> torch.Tensor:
 
 
 def attend_real_and_own(q: torch.Tensor, real_k: torch.Tensor, real_v: torch.Tensor, own_k: list[torch.Tensor],
-                        own_v: list[torch.Tensor]) -> torch.Tensor:
+                        own_v: list[torch.Tensor], future: torch.Tensor) -> torch.Tensor:
     """softmax over (causal real keys ∪ each own key at the query's position) · values, [B, h, T, d].
 
     ``real_*`` [B, h, T, d] are step 0's keys and values; ``own_*`` hold one [B, h, T, d] per later
-    step, the current one included.
+    step, the current one included; ``future`` [T, T] is True above the diagonal (keys a query
+    must not see).
     """
     tokens = q.shape[2]
     scale = q.shape[-1] ** -0.5
-    future = torch.ones(tokens, tokens, dtype=torch.bool, device=q.device).triu(1)
     real_scores = (q @ real_k.transpose(-1, -2) * scale).masked_fill(future, float("-inf"))
     own_keys, own_values = torch.stack(own_k, dim=3), torch.stack(own_v, dim=3)  # [B, h, T, k, d]
     own_scores = (q.unsqueeze(3) * own_keys).sum(-1) * scale  # [B, h, T, k]
@@ -62,6 +62,7 @@ def ttt_steps(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor
     """
     batch, tokens = input_ids.shape
     positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
+    future = torch.ones(tokens, tokens, dtype=torch.bool, device=input_ids.device).triu(1)  # one mask for every step
     real: list[torch.Tensor] = []  # step 0's keys and values
     own_k: list[torch.Tensor] = []
     own_v: list[torch.Tensor] = []
@@ -74,7 +75,7 @@ def ttt_steps(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor
                 return F.scaled_dot_product_attention(q, key, value, is_causal=True)
             own_k.append(key)
             own_v.append(value)
-            return attend_real_and_own(q, real[0], real[1], own_k, own_v)
+            return attend_real_and_own(q, real[0], real[1], own_k, own_v, future)
 
         hidden = drafter.layer(hidden, shift_left(input_ids, 1 + k), positions + k, attend)
         yield drafter.logits(hidden)
