@@ -48,6 +48,7 @@ def main() -> None:
         return wrapper
 
     patches = [(TargetRunner, "forward", "target forward"), (TargetRunner, "commit", "target commit"),
+               (TargetRunner, "prefill", "target prefill"),
                (TargetRunner, "greedy_burst", "target bursts"),
                (DraftRunner, "draft_chain", "drafting"), (decode, "draft_tree", "drafting"),
                (decode, "ancestor_mask", "tree mask"), (decode._Chooser, "walk", "verify walk"),

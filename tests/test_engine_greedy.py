@@ -91,6 +91,31 @@ def test_prompts_of_new_lengths_add_no_static_shape():
         assert drafter.shapes == after_first, speculation.label()
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "deepseek_v3"])
+def test_a_padded_static_prefill_equals_the_eager_one(arch):
+    """After the first forward (which allocates the cache), a static runner pads a prompt to its bucket and
+    runs it as one fixed-shape step: the last token's logits and every prompt token's aux states are the
+    eager prefill's, and a prompt longer than the largest bucket still runs (eagerly)."""
+    model = ARCHITECTURES[arch][0]()
+    eager, _ = runners(model)
+    static, _ = runners(model, static_shapes=True)
+    static.prefill(prompt_of(0, length=5))  # the first forward: allocates, not padded
+    assert not static._prefill_inputs
+    for seed, length in ((1, 9), (2, 16), (3, 23)):
+        prompt = prompt_of(seed, length)
+        expected_logits, expected_aux = eager.prefill(prompt)
+        logits, aux = static.prefill(prompt)
+        assert static.length == length
+        assert torch.allclose(logits, expected_logits, atol=1e-5), (arch, length)
+        assert torch.allclose(aux, expected_aux, atol=1e-5), (arch, length)
+    assert set(static._prefill_inputs) == {16, 32}  # 9 and 16 share a bucket
+    static.PREFILL_BUCKETS = (16,)
+    long_prompt = prompt_of(4, 20)
+    assert torch.allclose(static.prefill(long_prompt)[0], eager.prefill(long_prompt)[0], atol=1e-5)
+    expected = reference_greedy(model, long_prompt, 8)
+    assert generate(static, long_prompt, 8).tokens == expected
+
+
 class OracleDrafter(DraftRunner):
     """Drafts the true greedy continuation, except that draft ``wrong_at`` of every round is wrong."""
 

@@ -14,7 +14,7 @@ import eyas.engine.decode as decode
 from eyas.engine.decode import Speculation, generate
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.tree import DraftTree, ancestor_mask, draft_tree
-from eyas.engine.verify import Sampling, target_probs, walk_sampling
+from eyas.engine.verify import Sampling, sample, target_probs, walk_sampling
 from test_engine_greedy import NEW_TOKENS, prompt_of, reference_greedy, runners
 from zoo import ARCHITECTURES
 
@@ -115,6 +115,19 @@ def test_acceptance_walk_emits_the_target_distribution():
     assert chi_square_p(second, probs[1]) > 1e-3
     # the test has power: a wrong rule (always accept the first child) is rejected outright
     assert chi_square_p(torch.tensor([0, 0, draws, 0, 0, 0], dtype=torch.float), probs[0]) < 1e-6
+
+
+def test_sample_follows_unnormalised_weights_and_never_picks_a_zero():
+    gen = torch.Generator().manual_seed(1)
+    weights = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 2.5])  # sums to 7: sample renormalises
+    counts = torch.zeros(len(weights))
+    for _ in range(14000):
+        counts[sample(weights, gen)] += 1
+    assert counts[weights == 0].sum() == 0
+    assert chi_square_p(counts, weights / weights.sum()) > 1e-3
+    # one seed, one stream of draws: the same tokens again
+    runs = [torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)]
+    assert [sample(weights, runs[0]) for _ in range(50)] == [sample(weights, runs[1]) for _ in range(50)]
 
 
 def test_top_p_keeps_the_smallest_nucleus():

@@ -21,7 +21,7 @@ from eyas.engine.chain_burst import chain_burst
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
 from eyas.engine.tree import DraftTree, ancestor_mask, chain_tree, draft_tree
-from eyas.engine.verify import Sampling, accept_chain_greedy, target_probs, walk_greedy, walk_sampling
+from eyas.engine.verify import Sampling, accept_chain_greedy, sample, target_probs, walk_greedy, walk_sampling
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,9 @@ def _emit(out: list[int], new: Iterable[int], max_new_tokens: int, stop: set[int
 
 
 class _Chooser:
-    """The target's next token from logits: argmax, or a sample from its (temperature, top-p) distribution."""
+    """The target's next token from logits: argmax, or a sample from its (temperature, top-p) distribution.
+    Distributions are computed where the logits are; the host draws only the uniforms (one seeded
+    generator, so a seed gives the same draws on any device)."""
 
     def __init__(self, sampling: Sampling):
         self.sampling = sampling
@@ -88,12 +90,12 @@ class _Chooser:
     def next_token(self, logits: torch.Tensor) -> int:
         if self.sampling.greedy:
             return int(logits.argmax())
-        return int(torch.multinomial(target_probs(logits.cpu(), self.sampling), 1, generator=self.generator))
+        return sample(target_probs(logits, self.sampling), self.generator)  # on the logits' device
 
     def walk(self, tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
         if self.sampling.greedy:
             return walk_greedy(tree, logits)  # the argmax on the logits' device: n ids cross, not n·V logits
-        return walk_sampling(tree, target_probs(logits.cpu(), self.sampling), self.generator)
+        return walk_sampling(tree, target_probs(logits, self.sampling), self.generator)
 
 
 def prepare_rounds(drafter: DraftRunner, speculation: Speculation, aux: torch.Tensor) -> None:
@@ -129,11 +131,9 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
     ``on_tokens`` sees every batch of emitted tokens as it is decided (for streaming)."""
     stop, chooser = set(stop_ids), _Chooser(sampling or Sampling())
 
-    target.reset()
     length = prompt.shape[1]
-    logits, aux = target.forward(prompt, torch.arange(length).unsqueeze(0))
-    target.commit(torch.arange(length))
-    token = chooser.next_token(logits[0, -1])
+    last_logits, aux = target.prefill(prompt)
+    token = chooser.next_token(last_logits)
     speculating = drafter is not None and speculation is not None
     result = Generation(tokens=[], max_depth=speculation.max_depth if speculating else 0)
 

@@ -11,6 +11,7 @@ model that skips them is refused rather than drafting from stale states.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 
@@ -32,6 +33,9 @@ class TargetRunner:
     """An HF causal LM behind a :class:`SlotCache` of ``capacity`` tokens (batch 1)."""
 
     BURST = 32  # the most greedy plain steps run between two host synchronisations
+    # prompts padded up to one of these lengths replay that length's recorded prefill; longer ones run
+    # eagerly, where launches no longer dominate (and a recording's mask would grow with length × capacity)
+    PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512)
 
     def __init__(self, model: nn.Module, layout: TargetLayout, layer_ids: Sequence[int] | None, capacity: int,
                  static_shapes: bool = False, graphs: bool = False, compile: bool = False, lean: bool = False):
@@ -67,6 +71,13 @@ class TargetRunner:
         # graphs need static shapes; off CUDA there are no graphs and attending over empty slots only costs
         self.static_shapes = static_shapes or (graphs and self.device.type == "cuda")
         self.graphs = StepGraphs(self.device, enabled=graphs, compile=compile, name="the target's forward")
+        # prefills are recorded, not compiled: compiling every bucket would cost more than it saves once
+        self.prefill_graphs = StepGraphs(self.device, enabled=graphs, name="the target's prefill")
+        self._allocated = False  # the first forward allocates the cache, which a recording must not do
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._prefill_inputs: dict[int, InputBuffer] = {}  # bucket → [last prompt index, ids (bucket)]
+        self._causal: dict[int, torch.Tensor] = {}
+        self._zero = torch.zeros(1, dtype=torch.long, device=self.device)
         # n → one buffer [committed length, ids (n), positions (n), tree mask (n·n)]: one copy per forward
         self._inputs: dict[int, InputBuffer] = {}
         self._slot_index = torch.arange(capacity, device=self.device)
@@ -142,21 +153,50 @@ class TargetRunner:
         out = self._run_model(token_ids.to(self.device), positions, mask)
         if self.static_shapes:
             self.cache.consolidate()  # before any graph records the cache's addresses
+        self._allocated = True
         aux = self._aux[:, :n]
         return out.logits, aux if self.static_shapes else aux.clone()
+
+    @torch.no_grad()
+    def prefill(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forget what was committed, run ``prompt`` [1, P] and commit it → (the last token's logits [V],
+        aux [1, P, k·Ht]). With static shapes, once a first forward has allocated the cache, a prompt of
+        at most 512 tokens is padded to the next bucket and runs as that bucket's static step: on a GPU
+        a replay of a few milliseconds instead of an eager forward's tens (a 30-layer target launches
+        ~1,000 kernels). The padding sits after the prompt, which causality keeps from seeing it, in
+        slots the next forwards overwrite; only the last prompt token's logits are computed."""
+        self.reset()
+        length = prompt.shape[1]
+        bucket = next((b for b in self.PREFILL_BUCKETS if b >= length), None)
+        if not (self.static_shapes and self._allocated and self._keeps_logits and bucket is not None
+                and bucket <= self.capacity):
+            logits, aux = self.forward(prompt, torch.arange(length).unsqueeze(0))
+            self.commit(torch.arange(length))
+            return logits[0, -1], aux[:, :length]
+        if bucket not in self._prefill_inputs:
+            self._prefill_inputs[bucket] = InputBuffer((1 + bucket,), torch.long, self.device)
+            self._causal[bucket] = torch.ones(bucket, bucket, dtype=torch.bool, device=self.device).tril()
+        ids = torch.zeros(bucket, dtype=torch.long)
+        ids[:length] = prompt[0]
+        packed = self._prefill_inputs[bucket].fill(torch.cat([torch.tensor([length - 1]), ids]))
+        positions = self._slot_index[:bucket].view(1, bucket)
+        logits = self.prefill_graphs.run(bucket, lambda: self._static_step(
+            self._zero, packed[1:].view(1, bucket), positions, self._causal[bucket], keep=packed[:1]))
+        self.length = length
+        return logits[0, -1], self._aux[:, :length]
 
     def _check_room(self, n: int) -> None:
         if self.length + n > self.capacity:
             raise EyasError(f"the sequence needs {self.length + n} cache slots, the engine holds {self.capacity}: "
                             "raise max_length (prompt + new tokens + draft tokens)")
 
-    def _run_model(self, token_ids: torch.Tensor, positions: torch.Tensor, mask):
+    def _run_model(self, token_ids: torch.Tensor, positions: torch.Tensor, mask, **extra):
         n = token_ids.shape[1]
         self._tokens = n
         self._calls = [0] * len(self.layer_ids)
         try:
             out = self.model(input_ids=token_ids, position_ids=positions, attention_mask=mask,
-                             use_cache=True, **{self._cache_kwarg: self.cache})
+                             use_cache=True, **{self._cache_kwarg: self.cache}, **extra)
         finally:
             self._tokens = 0
         bad = [i for i, calls in zip(self.layer_ids, self._calls, strict=True) if calls != 1]
@@ -214,9 +254,10 @@ class TargetRunner:
         return self._burst_tokens[:steps].tolist()
 
     def _static_step(self, length: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
-                     tree: torch.Tensor) -> torch.Tensor:
+                     tree: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """A forward of n tokens after the committed ones, every shape fixed and no host synchronisation:
-        slots and mask come from the committed ``length`` [1] held on the device; ``tree`` [n, n] (0/1)."""
+        slots and mask come from the committed ``length`` [1] held on the device; ``tree`` [n, n] (0/1).
+        ``keep`` [1]: the one position whose logits are computed (a prefill), through the HF forward."""
         n = ids.shape[1]
         tree = tree.bool()  # inside the step: recorded with it
         slots = length + self._slot_index[:n]
@@ -226,6 +267,8 @@ class TargetRunner:
         visible = (self._slot_index < length).expand(n, self.capacity).clone()
         visible.index_copy_(1, slots, tree)
         mask = self._masks(visible, positions[0])
+        if keep is not None:
+            return self._run_model(ids, positions, mask, logits_to_keep=keep).logits
         if self.lean is not None:
             return self.lean.forward(ids, positions, mask, slots, self._aux)
         return self._run_model(ids, positions, mask).logits

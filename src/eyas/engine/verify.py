@@ -74,23 +74,44 @@ def accept_chain_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int
     return numbers[0], numbers[1], numbers[2:]
 
 
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from ``probs`` [V] (any device, need not sum to 1): its cumulative sum inverted at a
+    uniform drawn from the host ``generator``. The distribution stays where it was computed (on a GPU:
+    no [V] logits to the host, no host-side softmax); one number comes back."""
+    cumulative = probs.float().cumsum(-1)
+    point = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(cumulative[-1])
+    # the first token whose cumulative mass passes the point: a token of zero mass never is
+    index = torch.searchsorted(cumulative, torch.tensor([point], dtype=cumulative.dtype, device=cumulative.device),
+                               right=True)
+    return min(int(index), probs.shape[-1] - 1)
+
+
 def walk_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator) -> tuple[list[int], int]:
-    """(accepted node indices, root first; bonus token) from the target's distributions [n, V]."""
+    """(accepted node indices, root first; bonus token) from the target's distributions [n, V], on any
+    device: each node's probability under its parent's distribution comes back in one read, the walk
+    runs on the host, and only the bonus token is sampled where ``probs`` live."""
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    chance = [0.0, *probs[torch.tensor(parents[1:], device=probs.device), tree.tokens[1:].to(probs.device)].tolist()]
     path, node = [0], 0
     while True:
-        p = probs[node].clone()
+        rejected: list[int] = []
+        removed = 0.0  # mass of the rejected children: what is left of p is renormalised by 1 − removed
         accepted = None
         for child in tree.children(node):
-            token = int(tree.tokens[child])
-            if float(torch.rand((), generator=generator)) < float(p[token]):
+            token = tokens[child]
+            if token in rejected:  # a repeated sibling: its mass is already gone
+                continue
+            left = 1.0 - removed
+            if left <= 0.0:  # cannot happen with exact arithmetic; guards rounding
+                break
+            if float(torch.rand((), generator=generator)) < chance[child] / left:
                 accepted = child
                 break
-            p[token] = 0.0
-            total = p.sum()
-            if total <= 0:  # cannot happen with exact arithmetic; guards rounding
-                break
-            p = p / total
+            rejected.append(token)
+            removed += chance[child]
         if accepted is None:
-            return path, int(torch.multinomial(p, 1, generator=generator))
+            rest = probs[node].clone()
+            rest[torch.tensor(rejected, dtype=torch.long, device=probs.device)] = 0.0
+            return path, sample(rest, generator)
         node = accepted
         path.append(node)
