@@ -1,15 +1,20 @@
 """Where a decoding round's time goes: drafting, the target's forward, verification, commit, the rest.
 
     python benchmarks/engine_profile.py --target demo --draft DRAFT_DIR [--variant graphs|compile|eager]
-        [--modes plain,chain:5,tree:60,7,10] [--prompts 3] [--max-new-tokens 128]
+        [--modes plain,chain:5,tree:60,7,10] [--prompts 3] [--max-new-tokens 128] [--temperature 0]
+        [--host-profile]
 
 Each phase is timed with the device synchronised on both sides, so the phases add up to the wall time
-(with less host/device overlap than an untimed run has). MT-bench first turns, batch 1, greedy.
+(with less host/device overlap than an untimed run has). MT-bench first turns, batch 1, greedy unless
+``--temperature`` says otherwise. ``--host-profile``: the host functions that took the most time
+(cProfile over each mode's timed prompts), for rounds that are host-bound.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 from collections import defaultdict
 
 import torch
@@ -20,6 +25,7 @@ from eyas.bench.prompts import mt_bench_questions, render
 from eyas.bench.run import parse_mode, timed
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
+from eyas.engine.verify import Sampling
 
 
 def main() -> None:
@@ -32,6 +38,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--capacity", type=int, default=2048, help="cache slots (static shapes attend over all of them)")
     parser.add_argument("--kernels", action="store_true", help="also list the GPU kernels of one eager plain step")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--host-profile", action="store_true", help="list the host functions that took longest")
     args = parser.parse_args()
 
     engine = load_engine(args.target, args.draft, args.capacity, graphs=args.variant != "eager",
@@ -59,12 +67,18 @@ def main() -> None:
         speculation = None if label == "plain" else parse_mode(label)
         def run(ids, speculation=speculation):
             return decode.generate(engine.target_runner, ids, args.max_new_tokens,
-                                   engine.draft_runner if speculation else None, speculation, stop_ids=engine.stop_ids)
+                                   engine.draft_runner if speculation else None, speculation,
+                                   sampling=Sampling(temperature=args.temperature), stop_ids=engine.stop_ids)
         run(prompts[0])  # warm-up: graphs recorded
         spent.clear()
         tokens, rounds, total = 0, 0, 0.0
+        host = cProfile.Profile() if args.host_profile else None
         for ids in prompts:
+            if host is not None:
+                host.enable()
             result, seconds = timed(device, lambda ids=ids: run(ids))
+            if host is not None:
+                host.disable()
             total += seconds
             tokens += len(result.tokens)
             rounds += result.rounds or len(result.tokens)
@@ -73,6 +87,8 @@ def main() -> None:
             print(f"    {name:<16} {1000 * seconds / rounds:7.3f} ms/round")
         rest = total - sum(spent.values())
         print(f"    {'rest':<16} {1000 * rest / rounds:7.3f} ms/round")
+        if host is not None:
+            pstats.Stats(host).sort_stats("tottime").print_stats(12)
     if args.kernels and device.type == "cuda":
         kernels(engine, prompts[0])
 
