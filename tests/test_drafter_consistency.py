@@ -37,7 +37,8 @@ def random_drafter(config, seed=0):
      tiny_config(hidden_size=32, num_attention_heads=2, num_key_value_heads=1)],  # narrower than the target
     ids=["default-rope", "llama3-rope", "narrower-drafter"],
 )
-def test_ttt_step_k_equals_chained_drafting(config):
+@pytest.mark.parametrize("fused", [False, True], ids=["scores", "fused-sdpa"])
+def test_ttt_step_k_equals_chained_drafting(config, fused):
     steps = 7
     drafter = random_drafter(config)
     gen = torch.Generator().manual_seed(1)
@@ -51,7 +52,7 @@ def test_ttt_step_k_equals_chained_drafting(config):
     total = input_ids.shape[1]
     aux = torch.cat([aux_prefix, torch.randn(batch, total - prefix, config.aux_width, generator=gen)], dim=1)
     with torch.no_grad():
-        ttt_logits = list(ttt_steps(drafter, aux, input_ids, steps))
+        ttt_logits = list(ttt_steps(drafter, aux, input_ids, steps, fused=fused))
     position = prefix - 1  # the last real position: where the chain was drafted from
     for k in range(steps):
         expected, got = chain_logits[k], ttt_logits[k][:, position]
@@ -61,7 +62,8 @@ def test_ttt_step_k_equals_chained_drafting(config):
     assert all(not torch.allclose(chain_logits[k], chain_logits[k + 1], rtol=1e-3) for k in range(steps - 1))
 
 
-def test_padding_and_other_rows_do_not_leak_into_a_sequence():
+@pytest.mark.parametrize("fused", [False, True], ids=["scores", "fused-sdpa"])
+def test_padding_and_other_rows_do_not_leak_into_a_sequence(fused):
     config = tiny_config()
     drafter = random_drafter(config)
     gen = torch.Generator().manual_seed(2)
@@ -69,8 +71,8 @@ def test_padding_and_other_rows_do_not_leak_into_a_sequence():
     ids = torch.randint(0, config.vocab_size, (2, 9), generator=gen)
     # row 1 is 5 tokens long, right-padded: whatever its padding holds must not reach its first 5 positions
     with torch.no_grad():
-        batched = list(ttt_steps(drafter, aux, ids, 3))
-        alone = list(ttt_steps(drafter, aux[1:, :5], ids[1:, :5], 3))
+        batched = list(ttt_steps(drafter, aux, ids, 3, fused=fused))
+        alone = list(ttt_steps(drafter, aux[1:, :5], ids[1:, :5], 3, fused=fused))
     for k in range(3):
         usable = 5 - 1 - k  # positions whose step-k token is still inside the sequence
         torch.testing.assert_close(batched[k][1, :usable], alone[k][0, :usable], rtol=1e-5, atol=1e-5)

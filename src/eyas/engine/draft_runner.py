@@ -27,7 +27,8 @@ from eyas.engine.graphs import InputBuffer, StepGraphs
 class DraftRunner:
     """An :class:`Eagle3Drafter` with a KV cache of ``capacity`` positions (batch 1)."""
 
-    def __init__(self, drafter: Eagle3Drafter, capacity: int, static_shapes: bool = False, graphs: bool = False):
+    def __init__(self, drafter: Eagle3Drafter, capacity: int, static_shapes: bool = False, graphs: bool = False,
+                 compile: bool = False):
         self.drafter, self.capacity = drafter, capacity
         param = drafter.fc.weight
         self.device, self.dtype = param.device, param.dtype
@@ -40,7 +41,8 @@ class DraftRunner:
         self.speculative = 0  # drafted positions after them, visible until rollback
         # graphs need static shapes; off CUDA there are no graphs and attending over empty slots only costs
         self.static_shapes = static_shapes or (graphs and self.device.type == "cuda")
-        self.graphs = StepGraphs(self.device, enabled=graphs, name="a drafter step")
+        # compile: each step fused by torch.compile before it is recorded (a tree's drafting is ~7 steps a round)
+        self.graphs = StepGraphs(self.device, enabled=graphs, compile=compile, name="a drafter step")
         self._slot_index = torch.arange(capacity, device=self.device)
         self._offsets: torch.Tensor | None = None  # the running step's [committed length, first new slot]
         self._inputs: dict[tuple, tuple[InputBuffer, ...]] = {}
