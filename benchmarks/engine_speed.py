@@ -7,7 +7,7 @@
 MT-bench first turns, batch 1, greedy. Every decoder runs every prompt after a warm-up; the table
 gives tokens/s and τ, and the ratios the engine issue sets as targets (eyas plain vs transformers
 static, eyas speculative vs eyas plain of the same variant). Variants of eyas' engine: ``eager``
-(no CUDA graphs), ``graphs`` (decoding steps replayed from CUDA graphs), ``compile`` (the target's and the drafter's
+(no CUDA graphs), ``graphs`` (decoding steps replayed from CUDA graphs), ``compile`` (the target's
 steps fused by torch.compile, then recorded). On a GPU, CUDA is synchronised around every timed call.
 """
 

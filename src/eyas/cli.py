@@ -285,7 +285,7 @@ def bench(
     device: str | None = typer.Option(None, help="cuda or cpu (default: cuda when available)"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
     graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="on CUDA, replay decoding steps from CUDA graphs"),
-    compile: bool = typer.Option(False, "--compile/--no-compile", help="on CUDA, fuse the target's and drafter's steps with "
+    compile: bool = typer.Option(False, "--compile/--no-compile", help="on CUDA, fuse the target's steps with "
                                  "torch.compile before recording them (faster steps; each step shape compiles once)"),
 ) -> None:
     """Measure a drafter in eyas' engine: τ, acceptance per position, tokens/s speculative vs plain.
@@ -321,7 +321,7 @@ def generate(
     device: str | None = typer.Option(None),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
     graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="on CUDA, replay decoding steps from CUDA graphs"),
-    compile: bool = typer.Option(False, "--compile/--no-compile", help="on CUDA, fuse the target's and drafter's steps with "
+    compile: bool = typer.Option(False, "--compile/--no-compile", help="on CUDA, fuse the target's steps with "
                                  "torch.compile before recording them (faster steps; each step shape compiles once)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end instead of streaming: "
                                  "token_ids (generated only), text, and with --draft tau and rounds"),

@@ -26,8 +26,7 @@ def load_engine(target_spec: str, draft_dir: Path, capacity: int, device: str | 
                 graphs: bool = True, compile: bool = False) -> Engine:
     """Target (eyas' default dtype for the device unless given) and drafter (same device and dtype),
     with stop ids; ``target`` reuses an already loaded target. ``graphs``: on CUDA, decoding steps
-    replay CUDA graphs; ``compile``: the target's and the drafter's steps are fused by torch.compile
-    before recording."""
+    replay CUDA graphs; ``compile``: the target's steps are fused by torch.compile before recording."""
     from eyas.export.load import load_drafter
     from eyas.target.loading import load_target
 
@@ -36,7 +35,7 @@ def load_engine(target_spec: str, draft_dir: Path, capacity: int, device: str | 
     drafter = load_drafter(draft_dir, layout.embed.weight, layout.num_layers, device=layout.embed.weight.device,
                            dtype=layout.embed.weight.dtype)
     runner = TargetRunner(target.model, layout, drafter.config.layer_ids, capacity, graphs=graphs, compile=compile)
-    return Engine(target, runner, DraftRunner(drafter, capacity, graphs=graphs, compile=compile), stop_ids(target))
+    return Engine(target, runner, DraftRunner(drafter, capacity, graphs=graphs), stop_ids(target))
 
 
 def stop_ids(target) -> set[int]:

@@ -14,9 +14,10 @@ padding position computes is never read by a real one (its own keys sit at its o
 Attention at step k is one softmax over T causal scores plus k "own" scores. Two ways to compute it,
 equal up to rounding (a test pins them together), chosen by device:
   - on a GPU, one fused ``scaled_dot_product_attention`` over [real keys ‖ each step's own keys]
-    under a [T, (k+1)·T] mask: k+1 times the keys, most of them masked, but the kernel (cuDNN or
-    flash) never writes the scores to memory. On the H200 the TTT step runs 1.41× faster this way
-    (239 vs 338 ms for a batch of 8 × 2,048 tokens, ``benchmarks/train_profile.py``, 2026-11-30);
+    under a [T, (k+1)·T] mask: k+1 times the keys, most of them masked, but the kernel (cuDNN)
+    never writes the scores to memory. On the H200 a training step of 8 × 2,048 tokens took 290.8 ms
+    this way against 338.4 ms with the scores written out (``benchmarks/train_profile.py``, TTT 7,
+    2026-11-30; BENCHMARKS.md);
   - elsewhere, the scores as they are: the real keys' [B, h, T, T] once and each earlier step's own
     key as one dot product per position. On a CPU, SDPA with a mask materialises every masked score,
     so the concatenation would cost k+1 times the work and memory at step k.

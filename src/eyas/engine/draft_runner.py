@@ -27,8 +27,7 @@ from eyas.engine.graphs import InputBuffer, StepGraphs
 class DraftRunner:
     """An :class:`Eagle3Drafter` with a KV cache of ``capacity`` positions (batch 1)."""
 
-    def __init__(self, drafter: Eagle3Drafter, capacity: int, static_shapes: bool = False, graphs: bool = False,
-                 compile: bool = False):
+    def __init__(self, drafter: Eagle3Drafter, capacity: int, static_shapes: bool = False, graphs: bool = False):
         self.drafter, self.capacity = drafter, capacity
         param = drafter.fc.weight
         self.device, self.dtype = param.device, param.dtype
@@ -41,8 +40,9 @@ class DraftRunner:
         self.speculative = 0  # drafted positions after them, visible until rollback
         # graphs need static shapes; off CUDA there are no graphs and attending over empty slots only costs
         self.static_shapes = static_shapes or (graphs and self.device.type == "cuda")
-        # compile: each step fused by torch.compile before it is recorded (a tree's drafting is ~7 steps a round)
-        self.graphs = StepGraphs(self.device, enabled=graphs, compile=compile, name="a drafter step")
+        # recorded, never compiled: the drafter's many step shapes (each committed count, each tree level) pass
+        # dynamo's recompile limit, and compiling them made chain:5 2.5× slower on the H200 (BENCHMARKS.md)
+        self.graphs = StepGraphs(self.device, enabled=graphs, name="a drafter step")
         self._slot_index = torch.arange(capacity, device=self.device)
         self._offsets: torch.Tensor | None = None  # the running step's [committed length, first new slot]
         self._inputs: dict[tuple, tuple[InputBuffer, ...]] = {}
