@@ -52,3 +52,53 @@ def test_an_empty_step_has_no_loss_and_no_gradient():
     result.loss.backward()
     assert float(result.loss.detach()) == 0.0 and float(result.count) == 0.0
     assert torch.equal(logits.grad, torch.zeros_like(logits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_chunks_compute_what_the_eager_ones_do(dtype):
+    """On CUDA the chunk arithmetic is fused by torch.compile; the compiled functions (here on the CPU)
+    give the eager loss, gradient and counts, over chunks of several shapes (dynamic shapes)."""
+    from eyas.drafter import loss as loss_module
+    gen = torch.Generator().manual_seed(5)
+    batch, tokens, width, vocab = 3, 12, 16, 40
+    draft_ids = torch.arange(0, vocab, 2)
+    signal = target_signal(torch.randn(batch, tokens, width, generator=gen), torch.randn(vocab, width, generator=gen),
+                           draft_ids)
+    loss_mask = torch.ones(batch, tokens, dtype=torch.uint8)
+    base = (3 * torch.randn(batch, tokens, len(draft_ids), generator=gen)).to(dtype)
+    results = {}
+    for compile in (False, True):
+        for step in (0, 3):
+            logits = base.clone().requires_grad_()
+            result = step_loss(logits, signal, loss_mask, step, chunk_tokens=24, compile=compile)  # 2 rows, then 1
+            result.loss.backward()
+            results[compile, step] = (result.loss.detach(), logits.grad, int(result.correct))
+    for step in (0, 3):
+        (eager_loss, eager_grad, eager_correct), (loss, grad, correct) = results[False, step], results[True, step]
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grad.float(), eager_grad.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                                   atol=1e-6)
+        assert correct == eager_correct
+    assert not loss_module._KERNELS.compile_failed  # the compiled functions really ran
+
+
+def test_a_loss_whose_compilation_fails_is_computed_eagerly(monkeypatch, caplog):
+    from eyas.drafter import loss as loss_module
+
+    def broken_compile(fn, **kwargs):
+        def fails(*args):
+            raise RuntimeError("no compiler here")
+        return fails
+
+    monkeypatch.setattr(loss_module.torch, "compile", broken_compile)
+    monkeypatch.setattr(loss_module, "_KERNELS", loss_module._ChunkKernels())
+    gen = torch.Generator().manual_seed(6)
+    signal = target_signal(torch.randn(2, 6, 8, generator=gen), torch.randn(20, 8, generator=gen), torch.arange(20))
+    logits = torch.randn(2, 6, 20, generator=gen, requires_grad=True)
+    mask = torch.ones(2, 6, dtype=torch.uint8)
+    with caplog.at_level("WARNING"):
+        result = step_loss(logits, signal, mask, 0, compile=True)
+        result.loss.backward()
+    expected, _ = textbook(logits, signal, mask, 0)
+    torch.testing.assert_close(result.loss, expected, rtol=1e-5, atol=1e-6)
+    assert "could not be compiled" in caplog.text and loss_module._KERNELS.compile_failed

@@ -9,11 +9,14 @@ predicts is an assistant token (loss mask) and the target's own top choice is in
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from eyas.drafter.ttt import shift_left
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -59,63 +62,105 @@ class StepResult:
     hits: torch.Tensor  # [B, T] bool: counted here and the draft's top token is the target's
 
 
+def _row_terms(z: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of one chunk: (logsumexp(z), p · z, argmax z), in float32 from logits ``z`` of any float
+    dtype and the teacher ``p``. Eagerly, ``einsum`` keeps p · z from being written out."""
+    wide = z.float()
+    return torch.logsumexp(wide, dim=-1), torch.einsum("btv,btv->bt", p, wide), z.argmax(-1)
+
+
+def _row_terms_fusable(z: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_row_terms` written for the compiler: the product is a reduction it fuses into one pass."""
+    wide = z.float()
+    return torch.logsumexp(wide, dim=-1), (p * wide).sum(-1), z.argmax(-1)
+
+
+def _gradient(z: torch.Tensor, p: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """scale · (softmax(z) − p) for one chunk, float32 (the softmax read straight from ``z``'s dtype)."""
+    return torch.softmax(z, dim=-1, dtype=torch.float32).sub_(p).mul_(scale[..., None])
+
+
+class _ChunkKernels:
+    """The chunk functions, fused by ``torch.compile`` on CUDA: eagerly, each is several full passes over
+    a chunk of logits ([rows, T, Vd] floats), and on the H200 those passes were the largest item of a
+    training step (BENCHMARKS.md, "Follow-up"); compiled, the gradient is one pass that reads the logits
+    and the teacher and writes the result. Off CUDA they run eagerly, and so they do, with a warning,
+    once compiling them has failed."""
+
+    EAGER = (_row_terms, _gradient)
+
+    def __init__(self):
+        self._compiled: tuple | None = None
+        self.compile_failed = False
+
+    def run(self, which: int, compile: bool, *args):
+        """Function ``which`` (0: row terms, 1: gradient) on ``args``, compiled if ``compile``."""
+        if not compile or self.compile_failed:
+            return self.EAGER[which](*args)
+        if self._compiled is None:
+            self._compiled = (torch.compile(_row_terms_fusable, dynamic=True), torch.compile(_gradient, dynamic=True))
+        try:
+            return self._compiled[which](*args)
+        except Exception as error:  # a compiler or backend error: the eager functions compute the same
+            log.warning("eyas: the loss's chunk functions could not be compiled (%s: %s); computing them eagerly",
+                        type(error).__name__, error)
+            self.compile_failed = True
+            return self.EAGER[which](*args)
+
+
+_KERNELS = _ChunkKernels()
+
+
 class _SoftCrossEntropy(torch.autograd.Function):
     """Σ_i w_i · (−Σ_v p_iv · log_softmax(z_i)_v) over the draft vocabulary, chunk by chunk.
 
     The logits of a step are [B, T, Vd] (a gigabyte in bf16 for 16 k tokens); the plain expression
     makes float32 copies, the log-softmax and the product as separate tensors and keeps two for
-    backward. Here only the logits are kept; backward recomputes the softmax per chunk and turns it in
-    place into the gradient w_i · (softmax(z_i) − p_i). Wherever w_i ≠ 0 the target p_i is a
-    distribution (Σp = 1), which is what lets −Σ p · log_softmax(z) be written lse(z) − p · z.
+    backward. Here only the logits are kept; backward recomputes the softmax per chunk into the
+    gradient w_i · (softmax(z_i) − p_i). Wherever w_i ≠ 0 the target p_i is a distribution (Σp = 1),
+    which is what lets −Σ p · log_softmax(z) be written lse(z) − p · z.
     """
 
     @staticmethod
-    def forward(ctx, logits, target, weight, shift, rows):
+    def forward(ctx, logits, target, weight, shift, rows, compile):
         # logits [B, T, V]; position i of a row is scored against target[:, i + shift]; weight [B, T] float32
         batch, tokens, _ = logits.shape
         usable = max(0, tokens - shift)
-        lse = torch.zeros(batch, tokens, dtype=torch.float32, device=logits.device)
         top = torch.zeros(batch, tokens, dtype=torch.long, device=logits.device)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         for b0 in range(0, batch, rows):
             chunk = (slice(b0, b0 + rows), slice(0, usable))
-            z, p = logits[chunk].float(), target[b0:b0 + rows, shift:]
-            lse[chunk] = torch.logsumexp(z, dim=-1)
-            total += ((lse[chunk] - torch.einsum("btv,btv->bt", p, z)) * weight[chunk]).sum()
-            top[chunk] = z.argmax(-1)
-        ctx.save_for_backward(logits, target, weight, lse)
-        ctx.shift, ctx.rows = shift, rows
+            lse, dot, top[chunk] = _KERNELS.run(0, compile, logits[chunk], target[b0:b0 + rows, shift:])
+            total += ((lse - dot) * weight[chunk]).sum()
+        ctx.save_for_backward(logits, target, weight)
+        ctx.shift, ctx.rows, ctx.compile = shift, rows, compile
         ctx.mark_non_differentiable(top)
         return total, top
 
     @staticmethod
     def backward(ctx, grad_total, _grad_top):
-        logits, target, weight, lse = ctx.saved_tensors
+        logits, target, weight = ctx.saved_tensors
         shift, rows = ctx.shift, ctx.rows
         usable = max(0, logits.shape[1] - shift)
         grad = torch.empty_like(logits)
         grad[:, usable:] = 0
         for b0 in range(0, logits.shape[0], rows):
             chunk = (slice(b0, b0 + rows), slice(0, usable))
-            z, p = logits[chunk].float(), target[b0:b0 + rows, shift:]
-            scale = (weight[chunk] * grad_total)[..., None]
-            in_place = grad.dtype == torch.float32  # float32 logits: the gradient's own memory is the workspace
-            out = grad[chunk] if in_place else torch.empty_like(z)
-            torch.sub(z, lse[chunk][..., None], out=out)
-            out.exp_().mul_(scale).addcmul_(p, scale, value=-1)
-            if not in_place:
-                grad[chunk] = out
-        return grad, None, None, None, None
+            scale = weight[chunk] * grad_total
+            grad[chunk] = _KERNELS.run(1, ctx.compile, logits[chunk], target[b0:b0 + rows, shift:], scale)
+        return grad, None, None, None, None, None
 
 
 def step_loss(logits: torch.Tensor, signal: TargetSignal, loss_mask: torch.Tensor, step: int,
-              chunk_tokens: int = 4096) -> StepResult:
-    """Step ``step``: position i predicts token i+2+step from the target's distribution at i+1+step."""
+              chunk_tokens: int = 4096, compile: bool | None = None) -> StepResult:
+    """Step ``step``: position i predicts token i+2+step from the target's distribution at i+1+step.
+    ``compile``: fuse the per-chunk arithmetic with torch.compile (None: on CUDA)."""
     shift = 1 + step
     weight = (shift_left(loss_mask, shift + 1) > 0) & shift_left(signal.in_draft, shift, fill=False)
     w = weight.float()
     rows = max(1, chunk_tokens // max(1, logits.shape[1]))  # whole rows per chunk: no copy of the logits
-    total, top = _SoftCrossEntropy.apply(logits, signal.probs, w, shift, rows)
+    compile = logits.device.type == "cuda" if compile is None else compile
+    total, top = _SoftCrossEntropy.apply(logits, signal.probs, w, shift, rows, compile)
     count = w.sum()
     hits = (top == shift_left(signal.argmax, shift)) & weight
     return StepResult(loss=total / count.clamp(min=1.0), correct=hits.sum(), count=count, hits=hits)
