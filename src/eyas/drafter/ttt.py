@@ -17,7 +17,7 @@ equal up to rounding (a test pins them together), chosen by device:
     under a [T, (k+1)·T] mask: k+1 times the keys, most of them masked, but the kernel (cuDNN)
     never writes the scores to memory. On the H200 a training step of 8 × 2,048 tokens took 290.8 ms
     this way against 338.4 ms with the scores written out (``benchmarks/train_profile.py``, TTT 7,
-    2026-11-30; BENCHMARKS.md);
+    eager loss, 2026-11-30; BENCHMARKS.md);
   - elsewhere, the scores as they are: the real keys' [B, h, T, T] once and each earlier step's own
     key as one dot product per position. On a CPU, SDPA with a mask materialises every masked score,
     so the concatenation would cost k+1 times the work and memory at step k.
