@@ -7,6 +7,7 @@ these calls communicate.
 
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -24,8 +25,20 @@ def init_distributed() -> tuple[int, int, torch.device]:
     if cuda:
         torch.cuda.set_device(local)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
+        if cuda:  # bound to its GPU at once: NCCL need not guess which device the rank uses
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        else:
+            dist.init_process_group("gloo")
+        # left to interpreter shutdown, NCCL warns that its resources may leak
+        atexit.register(_leave_process_group)
     return dist.get_rank(), dist.get_world_size(), torch.device(f"cuda:{local}" if cuda else "cpu")
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def world_size() -> int:
