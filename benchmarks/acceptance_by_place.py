@@ -20,31 +20,14 @@ from pathlib import Path
 import torch
 
 from eyas.data.vocab import load_vocab
-from eyas.drafter.loss import step_loss, target_signal
-from eyas.drafter.ttt import shift_left, ttt_steps
+from eyas.drafter.ttt import shift_left
 from eyas.export.load import load_drafter
 from eyas.target import load_target
 from eyas.train.data import OnlineSource
+from eyas.train.evaluate import answer_places, unroll
 from eyas.train.trainer import training_autocast
 
 PLACES = ((0, 64), (64, 128), (128, 256), (256, 512), (512, 1 << 30))
-
-
-def answer_places(loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every token: its index within its assistant answer and that answer's number (0 = first;
-    −1 outside answers). Answers are the runs of 1 in the loss mask."""
-    place = torch.full(loss_mask.shape, -1, dtype=torch.long)
-    turn = torch.full(loss_mask.shape, -1, dtype=torch.long)
-    for row in range(loss_mask.shape[0]):
-        run, count, inside = -1, 0, False
-        for i, flag in enumerate(loss_mask[row].tolist()):
-            if flag and not inside:
-                run, count = run + 1, 0
-            if flag:
-                place[row, i], turn[row, i] = count, run
-                count += 1
-            inside = bool(flag)
-    return place, turn
 
 
 def main() -> None:
@@ -72,16 +55,11 @@ def main() -> None:
             break
         batch = source.batch(b)
         seen += batch.input_ids.shape[0]
-        signal = target_signal(batch.final, head, draft_ids)
-        base = shift_left(batch.loss_mask, 2) > 0  # draft 0 at i predicts token i + 2, an answer token
-        alive, depth = base.clone(), torch.zeros(base.shape, dtype=torch.long, device=base.device)
         with torch.no_grad(), autocast():
-            for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, args.ttt_steps)):
-                alive &= step_loss(logits, signal, batch.loss_mask, k).hits
-                depth += alive.long()
+            unrolled = unroll(drafter, batch, head, draft_ids, args.ttt_steps)
         # the predicted token's place: token i + 2 is where the chain's first draft lands
-        place, turn = (shift_left(x, 2, fill=-1) for x in answer_places(batch.loss_mask.cpu()))
-        depth, base = depth.cpu(), base.cpu()
+        place, turn = (shift_left(x, 2, fill=-1).cpu() for x in answer_places(batch.loss_mask))
+        depth, base = unrolled.depth.cpu(), unrolled.counted.cpu()
         for lo, hi in PLACES:
             for turn_name, turn_ok in (("first answer", turn == 0), ("later answers", turn > 0)):
                 chosen = base & turn_ok & (place >= lo) & (place < hi)

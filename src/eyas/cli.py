@@ -222,7 +222,8 @@ def train(
     if first and last:
         console.print(f"holdout: loss {first['loss']:.3f} → {last['loss']:.3f}; step-0 acceptance "
                       f"{first['acceptance_cumulative'][0]:.3f} → {last['acceptance_cumulative'][0]:.3f}; "
-                      f"simulated τ {first['tau']:.2f} → {last['tau']:.2f}", soft_wrap=True)
+                      f"simulated τ {first['tau']:.2f} → {last['tau']:.2f} (first answers' first 128 tokens: "
+                      f"{first['tau_answer_start']:.2f} → {last['tau_answer_start']:.2f})", soft_wrap=True)
 
 
 @app.command()

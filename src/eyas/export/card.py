@@ -10,6 +10,7 @@ def model_card(config: dict, train_options: dict, report: dict, name: str) -> st
     final = report.get("final_eval") or {}
     acceptance = ", ".join(f"{a:.3f}" for a in final.get("acceptance_cumulative", [])) or "not evaluated"
     tau = f"{final['tau']:.2f}" if "tau" in final else "not evaluated"
+    start = f"{final['tau_answer_start']:.2f}" if "tau_answer_start" in final else "not evaluated"
     ids = config.get("eagle_aux_hidden_state_layer_ids") or "engine defaults (2, N//2, N-3)"
     return f"""# {name}: EAGLE-3 drafter for {target}
 
@@ -24,6 +25,7 @@ Trained with [eyas](https://pypi.org/project/eyas/) (training-time test, {train_
 | target layers tapped | {ids} (input of those decoder layers) |
 | holdout acceptance (cumulative, per draft position) | {acceptance} |
 | simulated τ (greedy chain) | {tau} |
+| simulated τ over the first 128 tokens of first answers | {start} |
 
 ## Serve it
 

@@ -4,15 +4,60 @@ At every assistant position the drafter drafts K tokens (training-time test, tea
 draft k is accepted when it equals the target's greedy choice and all drafts before it were
 accepted. Cumulative acceptance a_k is the share of positions whose first k+1 drafts are all
 accepted; conditional acceptance is a_k / a_{k−1}; simulated τ = 1 + Σ_k a_k (tokens per target
-forward of a greedy chain of K drafts).
+forward of a greedy chain of K drafts) = 1 + the mean accepted depth.
+
+That τ averages over every assistant token of whole conversations, and where an answer is long and
+repetitive its tail is easy to draft: the demo drafter simulated 2.6 over its first answers' first
+64 tokens and 6.0 over tokens 256–511 (BENCHMARKS.md). ``tau_answer_start`` is the same simulation
+restricted to the first ``ANSWER_START`` tokens of each conversation's first answer — the stretch a
+short ``eyas bench`` decodes.
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from eyas.drafter.loss import step_loss, target_signal
+import torch
+import torch.nn.functional as F
+
+from eyas.drafter.loss import StepResult, step_loss, target_signal
 from eyas.drafter.ttt import shift_left, ttt_steps
+
+ANSWER_START = 128  # tokens: what `eyas bench`'s short runs decode of an answer
+
+
+@dataclass
+class Unrolled:
+    """One batch's TTT steps scored: each step's result, and per position [B, T] the accepted depth of
+    the chain drafted there (0 … K) and whether the position counts (draft 0 predicts an answer token)."""
+
+    steps: list[StepResult]
+    depth: torch.Tensor
+    counted: torch.Tensor
+
+
+def unroll(drafter, batch, head: torch.Tensor, draft_ids: torch.Tensor, steps: int) -> Unrolled:
+    """Run the K TTT steps of ``drafter`` on ``batch`` and score them against the target (no gradient)."""
+    signal = target_signal(batch.final, head, draft_ids)
+    counted = shift_left(batch.loss_mask, 2) > 0  # draft 0 at position i predicts token i + 2, an answer token
+    alive, depth, results = counted.clone(), torch.zeros(counted.shape, dtype=torch.long, device=counted.device), []
+    for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, steps)):
+        results.append(step_loss(logits, signal, batch.loss_mask, k))
+        alive &= results[-1].hits  # draft k right where it is counted: an assistant token the draft vocabulary holds
+        depth += alive.long()
+    return Unrolled(results, depth, counted)
+
+
+def answer_places(loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every token [B, T]: its index within its assistant answer and that answer's number in its
+    row (0 = first); −1 for both outside answers. Answers are the runs of nonzero loss mask."""
+    inside = loss_mask > 0
+    starts = inside & ~F.pad(inside[:, :-1], (1, 0), value=False)
+    index = torch.arange(inside.shape[1], device=inside.device).expand_as(inside)
+    start_of_run = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    place = torch.where(inside, index - start_of_run, -1)
+    turn = torch.where(inside, starts.long().cumsum(dim=1) - 1, -1)
+    return place, turn
 
 
 @torch.no_grad()
@@ -25,22 +70,21 @@ def evaluate(drafter, source, head: torch.Tensor, draft_ids: torch.Tensor, steps
     accepted = torch.zeros(steps, dtype=torch.float64)
     loss_sum, loss_count = 0.0, 0
     correct, counted = torch.zeros(steps), torch.zeros(steps)
+    start_depth, start_positions = 0.0, 0.0
     for b in range(len(source.batches) if max_batches is None else min(max_batches, len(source.batches))):
         batch = source.batch(b)
-        signal = target_signal(batch.final, head, draft_ids)
-        base = shift_left(batch.loss_mask, 2) > 0  # step 0 predicts an assistant token
-        alive = base.clone()
-        total = 0.0
         with autocast():
-            for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, steps)):
-                result = step_loss(logits, signal, batch.loss_mask, k)
-                total += step_weights[k] * float(result.loss)
-                correct[k] += float(result.correct)
-                counted[k] += float(result.count)
-                alive &= result.hits  # draft k right where it is counted: an assistant token the draft vocabulary holds
-                accepted[k] += float(alive.sum())
-        positions += float(base.sum())
-        loss_sum += total
+            unrolled = unroll(drafter, batch, head, draft_ids, steps)
+        for k, result in enumerate(unrolled.steps):
+            loss_sum += step_weights[k] * float(result.loss)
+            correct[k] += float(result.correct)
+            counted[k] += float(result.count)
+            accepted[k] += float(((unrolled.depth > k) & unrolled.counted).sum())
+        place, turn = (shift_left(x, 2, fill=-1) for x in answer_places(batch.loss_mask))  # the predicted token's
+        at_start = unrolled.counted & (turn == 0) & (place < ANSWER_START)
+        start_depth += float(unrolled.depth[at_start].sum())
+        start_positions += float(at_start.sum())
+        positions += float(unrolled.counted.sum())
         loss_count += 1
     drafter.train(was_training)
     cumulative = (accepted / max(positions, 1.0)).tolist()
@@ -51,5 +95,6 @@ def evaluate(drafter, source, head: torch.Tensor, draft_ids: torch.Tensor, steps
         "acceptance_cumulative": cumulative,
         "acceptance_conditional": conditional,
         "tau": 1.0 + sum(cumulative),
+        "tau_answer_start": 1.0 + start_depth / max(start_positions, 1.0),
         "positions": positions,
     }

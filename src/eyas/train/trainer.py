@@ -367,7 +367,7 @@ class _Metrics:
                 self.board.add_scalar(f"train/{key}", record[key], step)
         for k, acc in enumerate(record.get("accuracy", [])):
             self.board.add_scalar(f"train/accuracy_step{k}", acc, step)
-        for key in ("loss", "tau"):
+        for key in ("loss", "tau", "tau_answer_start"):
             if key in record.get("eval", {}):
                 self.board.add_scalar(f"eval/{key}", record["eval"][key], step)
 
