@@ -75,37 +75,44 @@ def _row_terms_fusable(z: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, 
     return torch.logsumexp(wide, dim=-1), (p * wide).sum(-1), z.argmax(-1)
 
 
-def _gradient(z: torch.Tensor, p: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """scale · (softmax(z) − p) for one chunk, float32 (the softmax read straight from ``z``'s dtype)."""
+def _gradient_fusable(z: torch.Tensor, p: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """scale · (softmax(z) − p) for one chunk, float32 (the softmax read straight from ``z``'s dtype):
+    one fused kernel once compiled."""
     return torch.softmax(z, dim=-1, dtype=torch.float32).sub_(p).mul_(scale[..., None])
 
 
-class _ChunkKernels:
-    """The chunk functions, fused by ``torch.compile`` on CUDA: eagerly, each is several full passes over
-    a chunk of logits ([rows, T, Vd] floats), and on the H200 those passes were the largest item of a
-    training step (BENCHMARKS.md, "Follow-up"); compiled, the gradient is one pass that reads the logits
-    and the teacher and writes the result. Off CUDA they run eagerly, and so they do, with a warning,
-    once compiling them has failed."""
+def _gradient_into(out: torch.Tensor, z: torch.Tensor, p: torch.Tensor, lse: torch.Tensor, scale: torch.Tensor) -> None:
+    """:func:`_gradient_fusable` eagerly, from the forward's logsumexp, written into ``out`` (float32) in
+    place: exp(z − lse) · scale − p · scale, no temporaries (the softmax form is slower eagerly)."""
+    torch.sub(z.float(), lse[..., None], out=out)
+    out.exp_().mul_(scale[..., None]).addcmul_(p, scale[..., None], value=-1)
 
-    EAGER = (_row_terms, _gradient)
+
+class _ChunkKernels:
+    """The chunk functions fused by ``torch.compile``, used on CUDA: eagerly, each is several full passes
+    over a chunk of logits ([rows, T, Vd] floats), and on the H200 those passes were the largest item of
+    a training step (BENCHMARKS.md, "Follow-up"); compiled, the row terms are one reduction and the
+    gradient one more. On the CPU the eager functions are faster once compilation is counted
+    for a short run, and they need no compiler. A compiler error is reported once, then eager it is."""
 
     def __init__(self):
         self._compiled: tuple | None = None
         self.compile_failed = False
 
-    def run(self, which: int, compile: bool, *args):
-        """Function ``which`` (0: row terms, 1: gradient) on ``args``, compiled if ``compile``."""
-        if not compile or self.compile_failed:
-            return self.EAGER[which](*args)
+    def run(self, which: int, *args):
+        """Compiled function ``which`` (0: row terms, 1: gradient) on ``args``; None if it cannot be had."""
+        if self.compile_failed:
+            return None
         if self._compiled is None:
-            self._compiled = (torch.compile(_row_terms_fusable, dynamic=True), torch.compile(_gradient, dynamic=True))
+            self._compiled = (torch.compile(_row_terms_fusable, dynamic=True),
+                              torch.compile(_gradient_fusable, dynamic=True))
         try:
             return self._compiled[which](*args)
         except Exception as error:  # a compiler or backend error: the eager functions compute the same
             log.warning("eyas: the loss's chunk functions could not be compiled (%s: %s); computing them eagerly",
                         type(error).__name__, error)
             self.compile_failed = True
-            return self.EAGER[which](*args)
+            return None
 
 
 _KERNELS = _ChunkKernels()
@@ -116,9 +123,10 @@ class _SoftCrossEntropy(torch.autograd.Function):
 
     The logits of a step are [B, T, Vd] (a gigabyte in bf16 for 16 k tokens); the plain expression
     makes float32 copies, the log-softmax and the product as separate tensors and keeps two for
-    backward. Here only the logits are kept; backward recomputes the softmax per chunk into the
-    gradient w_i · (softmax(z_i) − p_i). Wherever w_i ≠ 0 the target p_i is a distribution (Σp = 1),
-    which is what lets −Σ p · log_softmax(z) be written lse(z) − p · z.
+    backward. Here only the logits and each row's logsumexp are kept; backward recomputes the softmax
+    per chunk into the gradient w_i · (softmax(z_i) − p_i) (eagerly, in the gradient's own memory when
+    the logits are float32). Wherever w_i ≠ 0 the target p_i is a distribution (Σp = 1), which is what
+    lets −Σ p · log_softmax(z) be written lse(z) − p · z.
     """
 
     @staticmethod
@@ -126,28 +134,39 @@ class _SoftCrossEntropy(torch.autograd.Function):
         # logits [B, T, V]; position i of a row is scored against target[:, i + shift]; weight [B, T] float32
         batch, tokens, _ = logits.shape
         usable = max(0, tokens - shift)
+        lse = torch.zeros(batch, tokens, dtype=torch.float32, device=logits.device)
         top = torch.zeros(batch, tokens, dtype=torch.long, device=logits.device)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         for b0 in range(0, batch, rows):
             chunk = (slice(b0, b0 + rows), slice(0, usable))
-            lse, dot, top[chunk] = _KERNELS.run(0, compile, logits[chunk], target[b0:b0 + rows, shift:])
-            total += ((lse - dot) * weight[chunk]).sum()
-        ctx.save_for_backward(logits, target, weight)
+            z, p = logits[chunk], target[b0:b0 + rows, shift:]
+            terms = _KERNELS.run(0, z, p) if compile else None
+            lse[chunk], dot, top[chunk] = terms if terms is not None else _row_terms(z, p)
+            total += ((lse[chunk] - dot) * weight[chunk]).sum()
+        ctx.save_for_backward(logits, target, weight, lse)
         ctx.shift, ctx.rows, ctx.compile = shift, rows, compile
         ctx.mark_non_differentiable(top)
         return total, top
 
     @staticmethod
     def backward(ctx, grad_total, _grad_top):
-        logits, target, weight = ctx.saved_tensors
+        logits, target, weight, lse = ctx.saved_tensors
         shift, rows = ctx.shift, ctx.rows
         usable = max(0, logits.shape[1] - shift)
         grad = torch.empty_like(logits)
         grad[:, usable:] = 0
         for b0 in range(0, logits.shape[0], rows):
             chunk = (slice(b0, b0 + rows), slice(0, usable))
-            scale = weight[chunk] * grad_total
-            grad[chunk] = _KERNELS.run(1, ctx.compile, logits[chunk], target[b0:b0 + rows, shift:], scale)
+            z, p, scale = logits[chunk], target[b0:b0 + rows, shift:], weight[chunk] * grad_total
+            fused = _KERNELS.run(1, z, p, scale) if ctx.compile else None
+            if fused is not None:
+                grad[chunk] = fused
+                continue
+            in_place = grad.dtype == torch.float32  # float32 logits: the gradient's own memory is the workspace
+            out = grad[chunk] if in_place else torch.empty(z.shape, dtype=torch.float32, device=z.device)
+            _gradient_into(out, z, p, lse[chunk], scale)
+            if not in_place:
+                grad[chunk] = out
         return grad, None, None, None, None, None
 
 
