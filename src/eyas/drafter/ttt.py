@@ -61,11 +61,9 @@ def attend_real_and_own(q: torch.Tensor, real_k: torch.Tensor, real_v: torch.Ten
 
 
 def attend_fused(q: torch.Tensor, real_k: torch.Tensor, real_v: torch.Tensor, own_k: list[torch.Tensor],
-                 own_v: list[torch.Tensor], causal: torch.Tensor) -> torch.Tensor:
+                 own_v: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
     """:func:`attend_real_and_own` as one fused attention over [real keys ‖ own keys of each step] under
-    the mask [causal ‖ diagonal × k] (``causal`` [T, T] True where a query may see a real key)."""
-    own = torch.eye(causal.shape[0], dtype=torch.bool, device=causal.device)
-    mask = torch.cat([causal, *([own] * len(own_k))], dim=-1)
+    ``mask`` [T, (k+1)·T] = [causal ‖ diagonal × k] (True where a query may see a key)."""
     keys, values = torch.cat([real_k, *own_k], dim=2), torch.cat([real_v, *own_v], dim=2)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
@@ -83,20 +81,24 @@ def ttt_steps(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor
     fused = device.type == "cuda" if fused is None else fused
     positions = torch.arange(tokens, device=device).expand(batch, tokens)
     future = torch.ones(tokens, tokens, dtype=torch.bool, device=device).triu(1)  # one mask for every step
+    own = torch.eye(tokens, dtype=torch.bool, device=device) if fused else None
+    fused_mask = ~future if fused else None  # the fused path's [causal ‖ diagonal × k]: one diagonal block more each step
     real: list[torch.Tensor] = []  # step 0's keys and values
     own_k: list[torch.Tensor] = []
     own_v: list[torch.Tensor] = []
     hidden = drafter.fc(aux)
     for k in range(steps):
+        if fused and k > 0:
+            fused_mask = torch.cat([fused_mask, own], dim=-1)
 
-        def attend(q, key, value, first=k == 0):
+        def attend(q, key, value, first=k == 0, mask=fused_mask):
             if first:  # real features only: plain causal attention (a fused kernel)
                 real.extend((key, value))
                 return F.scaled_dot_product_attention(q, key, value, is_causal=True)
             own_k.append(key)
             own_v.append(value)
             if fused:
-                return attend_fused(q, real[0], real[1], own_k, own_v, ~future)
+                return attend_fused(q, real[0], real[1], own_k, own_v, mask)
             return attend_real_and_own(q, real[0], real[1], own_k, own_v, future)
 
         hidden = drafter.layer(hidden, shift_left(input_ids, 1 + k), positions + k, attend)
