@@ -1,14 +1,17 @@
 """Tokens/s of eyas' engine (plain, chain, tree) vs transformers' generate with a static cache, one run.
 
     python benchmarks/engine_speed.py --target demo --draft DRAFT_DIR [--prompts 10] [--max-new-tokens 256]
-        [--modes chain:5,tree:60,7,10] [--variants eager,graphs,compile] [--device cuda]
-        [--out benchmarks/results/engine_speed_<machine>_<date>.json]
+        [--modes chain:5,tree:60,7,10] [--variants eager,graphs,compile] [--device cuda] [--capacity 2048]
+        [--kernels] [--out benchmarks/results/engine_speed_<machine>_<date>.json]
 
 MT-bench first turns, batch 1, greedy. Every decoder runs every prompt after a warm-up; the table
 gives tokens/s and τ, and the ratios the engine issue sets as targets (eyas plain vs transformers
 static, eyas speculative vs eyas plain of the same variant). Variants of eyas' engine: ``eager``
 (no CUDA graphs), ``graphs`` (decoding steps replayed from CUDA graphs), ``compile`` (the target's
 steps fused by torch.compile, then recorded). On a GPU, CUDA is synchronised around every timed call.
+Every decoder (transformers' included) gets a cache of ``--capacity`` slots. ``--kernels``: after the
+timing, each decoder's first prompt once more under the profiler — its GPU kernels by total time, and
+how much of the wall time the GPU was busy.
 """
 
 from __future__ import annotations
@@ -52,6 +55,20 @@ def measure(device: torch.device, decode, prompts: list[torch.Tensor], warm_up: 
     return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds, "outputs": outputs}
 
 
+def kernel_table(device: torch.device, decode, rows: int = 12) -> None:
+    """One more decode under the profiler: its GPU kernels by total time, and the GPU's busy share of the wall."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        _, wall = timed(device, decode)
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6
+    print(f"    GPU busy {busy * 1e3:.1f} ms of {wall * 1e3:.1f} ms wall ({busy / wall:.0%})")
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:rows]:
+        print(f"    {e.self_device_time_total / 1e3:8.2f} ms {e.count:6d}×  {e.key[:90]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="demo")
@@ -63,12 +80,14 @@ def main() -> None:
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' static-cache generate")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
+    parser.add_argument("--capacity", type=int, default=2048, help="cache slots of every decoder")
+    parser.add_argument("--kernels", action="store_true", help="profile each decoder's first prompt once more")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     modes = parse_modes(args.modes)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: None}[args.dtype]
-    engine = load_engine(args.target, args.draft, 2048, args.device, dtype=dtype)
+    engine = load_engine(args.target, args.draft, args.capacity, args.device, dtype=dtype)
     device = engine.target_runner.device
     tokenizer, model = engine.target.tokenizer, engine.target.model
     prompts = [torch.tensor([render(tokenizer, text)]) for _, text in mt_bench_questions()[: args.prompts]]
@@ -76,7 +95,7 @@ def main() -> None:
     if not args.no_transformers:
         # transformers first, without eyas' hooks on the model: torch.compile would trace them and recompile
         engine.target_runner.close()
-        cache = StaticCache(config=model.config, max_cache_len=2048)
+        cache = StaticCache(config=model.config, max_cache_len=args.capacity)
         static = lambda ids: hf_static(model, cache, ids.to(device), args.max_new_tokens, engine.stop_ids)  # noqa: E731
         for ids in prompts:  # compile (and any recompile) before timing: its steady state, not its compiler
             static(ids)
@@ -85,7 +104,7 @@ def main() -> None:
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
         if variant not in ("eager", "graphs", "compile"):
             parser.error(f"unknown variant {variant!r}: eager, graphs or compile")
-        engine = load_engine(args.target, args.draft, 2048, args.device, dtype=dtype, target=engine.target,
+        engine = load_engine(args.target, args.draft, args.capacity, args.device, dtype=dtype, target=engine.target,
                              graphs=variant != "eager", compile=variant == "compile")
         decoders = {"plain": lambda ids, engine=engine: generate(engine.target_runner, ids, args.max_new_tokens,
                                                                   stop_ids=engine.stop_ids).tokens}
@@ -108,6 +127,8 @@ def main() -> None:
                 accepted, rounds = map(sum, zip(*taus[label], strict=True))
                 results[name]["tau"] = 1 + accepted / rounds
             print(f"{name}: {results[name]['tokens_per_second']:.1f} tok/s", flush=True)
+            if args.kernels:
+                kernel_table(device, lambda decode=decode: decode(prompts[0]))
         engine.target_runner.close()
         del engine.target_runner, engine.draft_runner
         if device.type == "cuda":

@@ -249,11 +249,13 @@ def test_the_device_chain_verdict_is_the_tree_walk(agree):
     assert (accepted, chain_bonus, ids) == (len(path) - 1, bonus, drafts.tolist()) and accepted == agree
 
 
-def test_chain_bursts_run_whole_rounds_on_the_device_and_match_round_by_round(monkeypatch):
-    """With static shapes, greedy chain rounds run in device-resident bursts. A target that always says
-    token 0 and a drafter whose guess (0, accepted, or another id) follows the sign of one hidden unit
+@pytest.mark.parametrize("speculation", [Speculation("chain", 4), Speculation("tree", top_k=3, depth=4, total=12)],
+                         ids=["chain", "tree"])
+def test_bursts_run_whole_rounds_on_the_device_and_match_round_by_round(monkeypatch, speculation):
+    """With static shapes, greedy chain and tree rounds run in device-resident bursts. A target that always
+    says token 0 and a drafter whose guess (0, accepted, or other ids) follows the sign of one hidden unit
     give partial acceptances; the burst path must accept exactly what the round-by-round path does."""
-    import eyas.engine.chain_burst as chain_burst
+    from eyas.engine.round_burst import RoundBurst
 
     model = ARCHITECTURES["llama"][0]()
     layout = discover_layout(model)
@@ -265,17 +267,17 @@ def test_chain_bursts_run_whole_rounds_on_the_device_and_match_round_by_round(mo
         drafter.norm.weight.zero_()
         drafter.norm.weight[0] = 1.0
         drafter.lm_head.weight.zero_()
-        drafter.lm_head.weight[0, 0], drafter.lm_head.weight[1, 0] = 1.0, -1.0  # draft 0 when unit 0 > 0, else 1
-        drafter.d2t[0] = 0  # draft id 0 is target id 0 (accepted); draft id 1 is some other id (rejected)
+        # draft 0 first when unit 0 > 0; else 1 first, then ids of logit 0, and 0 last (out of a tree's top 3)
+        drafter.lm_head.weight[0, 0], drafter.lm_head.weight[1, 0] = 1.0, -1.0
+        drafter.d2t[0] = 0  # draft id 0 is target id 0 (accepted); every other draft id is another id (rejected)
     runs = []
-    monkeypatch.setattr(chain_burst.ChainBurst, "run", lambda self, *a, _run=chain_burst.ChainBurst.run: runs.append(a[0])
-                        or _run(self, *a))
+    monkeypatch.setattr(RoundBurst, "run", lambda self, *a, _run=RoundBurst.run: runs.append(a[0]) or _run(self, *a))
     prompt = prompt_of(11)
     results, drafters = {}, {}
     for static in (False, True):
         target = TargetRunner(model, layout, None, 160, static)
         drafters[static] = DraftRunner(drafter, 160, static_shapes=static)
-        results[static] = generate(target, prompt, 60, drafters[static], Speculation("chain", 4))
+        results[static] = generate(target, prompt, 60, drafters[static], speculation)
     eager, burst = results[False], results[True]
     assert burst.tokens == eager.tokens == [0] * 60
     # The drafter committed the same states at the same slots (a burst may run past the end: compare the common part).
@@ -283,6 +285,7 @@ def test_chain_bursts_run_whole_rounds_on_the_device_and_match_round_by_round(mo
     assert drafters[True].length >= committed
     torch.testing.assert_close(drafters[True].keys[:, :, :committed], drafters[False].keys[:, :, :committed])
     assert burst.accepted == eager.accepted and 0 < eager.tau - 1 < 4  # partial acceptance, identical per round
+    assert max(eager.accepted) > 1
     assert len(set(eager.accepted)) > 1 and runs and sum(runs) >= burst.rounds - 2  # nearly every round in bursts
 
 
@@ -304,7 +307,7 @@ class ReplayFirst:
 
 
 def test_recorded_steps_stay_correct_across_generations():
-    """Every recorded step (target forwards, drafter chains and tree levels, plain and chain bursts) reads
+    """Every recorded step (target forwards, drafter chains and tree levels, plain, chain and tree bursts) reads
     buffers that outlive one generation: a second prompt through the first recordings decodes right."""
     model = ARCHITECTURES["llama"][0]()
     target, drafter = runners(model, static_shapes=True)
@@ -314,4 +317,5 @@ def test_recorded_steps_stay_correct_across_generations():
         expected = reference_greedy(model, prompt, NEW_TOKENS)
         for speculation in (None, Speculation("chain", 4), Speculation("tree", top_k=4, depth=3, total=10)):
             assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == expected, (seed, speculation)
-    assert any(isinstance(key, tuple) and key[0] == "chain-burst" for key in target.graphs.recorded)
+    bursts = {key[0] for key in target.graphs.recorded if isinstance(key, tuple)}
+    assert {"ChainBurst", "TreeBurst"} <= bursts

@@ -83,6 +83,30 @@ def test_scattered_accepted_nodes_are_compacted(monkeypatch):
     assert generation.accepted == [3] * generation.rounds  # nodes 2, 5, 6: slots moved down each round
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_device_tree_verdict_is_the_tree_walk(seed):
+    """tree_verdict (no host synchronisation, what a tree burst runs) accepts the path walk_greedy accepts,
+    with its bonus, on dynamic trees whose target agrees down a random branch for a random depth."""
+    from eyas.engine.verify import tree_verdict, walk_greedy
+
+    model = ARCHITECTURES["llama"][0]()
+    _, drafter = runners(model)
+    gen = torch.Generator().manual_seed(seed)
+    aux = torch.randn(1, 5, drafter.drafter.config.aux_width, generator=gen)
+    tree = draft_tree(drafter, aux, torch.randint(0, 256, (1, 5), generator=gen), torch.arange(5).unsqueeze(0),
+                      root=7, top_k=3, depth=4, total=14)
+    logits = torch.randn(len(tree), 256, generator=gen)
+    node = int(torch.randint(0, len(tree), (1,), generator=gen))  # the target agrees down to this node
+    while node > 0:
+        parent = int(tree.parents[node])
+        logits[parent, int(tree.tokens[node])] = 100.0
+        node = parent
+    path, bonus = walk_greedy(tree, logits)
+    accepted, device_bonus, device_path = tree_verdict(tree.tokens, tree.parents, tree.depths, logits, 4)
+    assert int(accepted) == len(path) - 1 and int(device_bonus) == bonus
+    assert device_path[: len(path)].tolist() == path
+
+
 def chi_square_p(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
     """p-value of a chi-square goodness-of-fit test, categories with expected count < 5 lumped together."""
     total = observed.sum()

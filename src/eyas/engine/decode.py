@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eyas.engine.chain_burst import chain_burst
+from eyas.engine.chain_burst import ChainBurst
 from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.round_burst import RoundBurst
 from eyas.engine.target_runner import TargetRunner
 from eyas.engine.tree import DraftTree, ancestor_mask, chain_tree, draft_tree
+from eyas.engine.tree_burst import TreeBurst
 from eyas.engine.verify import Sampling, accept_chain_greedy, sample, target_probs, walk_greedy, walk_sampling
 
 
@@ -162,58 +164,66 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
     prepare_rounds(drafter, speculation, aux)
     drafter.reset()
     greedy_chain = speculation.mode == "chain" and chooser.sampling.greedy
-    burst = chain_burst(target, drafter, speculation.draft_length) if (
-        greedy_chain and target.static_shapes and drafter.static_shapes) else None
+    burst = round_burst(target, drafter, speculation) if (
+        chooser.sampling.greedy and target.static_shapes and drafter.static_shapes) else None
     # the drafter pairs the target state of each token with the token after it
     pending_aux, pending_tokens = aux, torch.cat([prompt[:, 1:], torch.tensor([[token]])], dim=1)
     pending_positions = torch.arange(length).unsqueeze(0)
     while True:
+        start = target.length  # the root's position: emitted, not yet run by the target
         if greedy_chain:
             # drafts stay on the device: drafter, target and verdict queue back to back, one read-back a round
             drafts = drafter.draft_chain(pending_aux, pending_tokens, pending_positions, speculation.draft_length)
-            start = target.length
             positions = (start + torch.arange(len(drafts) + 1)).unsqueeze(0)
             logits, aux = target.forward(torch.tensor([[token]]), positions, drafted=drafts)
             accepted, bonus, drafted = accept_chain_greedy(drafts.to(logits.device), logits[0])
             target.commit(torch.arange(accepted + 1))
-            result.accepted.append(accepted)
             new = [*drafted[:accepted], bonus]
-            if emit(new):
-                return result
-            token = bonus
             pending_aux = aux[:, : accepted + 1]  # a view of the aux buffer, read by the drafter before the next forward
-            pending_tokens = torch.tensor([new])
-            pending_positions = positions[:, : accepted + 1]
-            # With static shapes, whole rounds then run on the device in bursts; the host replays each one's
-            # outcome in order, so output and τ are the round-by-round ones.
-            while burst is not None and (rounds := burst.rounds_that_fit(max_new_tokens - len(result.tokens))) > 0:
-                outcome = burst.run(rounds, pending_aux, new, pending_positions[0].tolist(), token)
-                for accepted, new in outcome:
-                    result.accepted.append(accepted)
-                    if emit(new):
-                        return result
-                token, end = new[-1], target.length
-                pending_aux = burst.aux[:, : len(new)]
-                pending_tokens = torch.tensor([new])
-                pending_positions = torch.arange(end - len(new), end).unsqueeze(0)
-            continue
-        if speculation.mode == "chain":
-            tree = chain_tree(token, drafter.draft_chain(pending_aux, pending_tokens, pending_positions, speculation.draft_length))
         else:
-            tree = draft_tree(drafter, pending_aux, pending_tokens, pending_positions, token, speculation.top_k,
-                              speculation.depth, speculation.total)
-        start = target.length  # the root's position: emitted, not yet run by the target
-        mask = None if speculation.mode == "chain" else ancestor_mask(tree.parents)
-        logits, aux = target.forward(tree.tokens.unsqueeze(0), (start + tree.depths).unsqueeze(0), mask)
-        path, bonus = chooser.walk(tree, logits[0])
-        keep = torch.tensor(path)
-        target.commit(keep)
-        result.accepted.append(len(path) - 1)
-        new = [*tree.tokens[keep[1:]].tolist(), bonus]
+            if speculation.mode == "chain":
+                tree = chain_tree(token, drafter.draft_chain(pending_aux, pending_tokens, pending_positions,
+                                                             speculation.draft_length))
+            else:
+                tree = draft_tree(drafter, pending_aux, pending_tokens, pending_positions, token, speculation.top_k,
+                                  speculation.depth, speculation.total)
+            mask = None if speculation.mode == "chain" else ancestor_mask(tree.parents, speculation.depth)
+            logits, aux = target.forward(tree.tokens.unsqueeze(0), (start + tree.depths).unsqueeze(0), mask)
+            path, bonus = chooser.walk(tree, logits[0])
+            keep = torch.tensor(path)
+            target.commit(keep)
+            accepted, new = len(path) - 1, [*tree.tokens[keep[1:]].tolist(), bonus]
+            # a chain's path is a prefix: a view of the aux buffer, read by the drafter before the next forward
+            pending_aux = aux[:, : len(path)] if path[-1] == len(path) - 1 else aux[:, keep.to(aux.device)]
+        result.accepted.append(accepted)
         if emit(new):
             return result
         token = bonus
-        # a chain's path is a prefix: a view of the aux buffer, read by the drafter before the next forward
-        pending_aux = aux[:, : len(path)] if path[-1] == len(path) - 1 else aux[:, keep.to(aux.device)]
         pending_tokens = torch.tensor([new])
-        pending_positions = (start + torch.arange(len(path))).unsqueeze(0)
+        pending_positions = (start + torch.arange(accepted + 1)).unsqueeze(0)
+        # With static shapes, greedy rounds then run on the device in bursts; the host replays each one's
+        # outcome in order, so output and τ are the round-by-round ones.
+        while burst is not None and (rounds := burst.rounds_that_fit(max_new_tokens - len(result.tokens))) > 0:
+            outcome = burst.run(rounds, pending_aux, new, pending_positions[0].tolist(), token)
+            for accepted, new in outcome:
+                result.accepted.append(accepted)
+                if emit(new):
+                    return result
+            token, end = new[-1], target.length
+            pending_aux = burst.aux[:, : len(new)]
+            pending_tokens = torch.tensor([new])
+            pending_positions = torch.arange(end - len(new), end).unsqueeze(0)
+
+
+def round_burst(target: TargetRunner, drafter: DraftRunner, speculation: Speculation) -> RoundBurst:
+    """The pair's burst runner for ``speculation``, made once: its recorded round reads and writes this
+    instance's buffers, so every later generation must use the same instance."""
+    key = (id(drafter), speculation.label())
+    burst = target.bursts.get(key)
+    if burst is None or burst.drafter is not drafter:
+        if speculation.mode == "chain":
+            burst = ChainBurst(target, drafter, speculation.draft_length)
+        else:
+            burst = TreeBurst(target, drafter, speculation.top_k, speculation.depth, speculation.total)
+        target.bursts[key] = burst
+    return burst

@@ -35,7 +35,6 @@ class DraftRunner:
         shape = (1, config.num_attention_heads, capacity, config.head_dim)  # keys stored after GQA expansion
         self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.values = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.d2t_host = drafter.d2t.cpu()  # draft → target id offsets for host-side bookkeeping (trees)
         self.length = 0  # committed positions
         self.speculative = 0  # drafted positions after them, visible until rollback
         # graphs need static shapes; off CUDA there are no graphs and attending over empty slots only costs
@@ -169,28 +168,41 @@ class DraftRunner:
         self.rollback()
         return torch.cat(drafted, dim=1)[0]
 
-    def chain_on_device(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
-                        length: torch.Tensor, valid: torch.Tensor, steps: int) -> torch.Tensor:
-        """Commit target states and draft ``steps`` tokens with every number on the device (recordable):
-        ``aux`` [1, n, k·Ht] with the token after each [1, n] at ``positions`` [1, n] are written at slots
-        from ``length`` [1]; the first ``valid`` [1] of them count (the later slots are overwritten by the
-        drafts before anything reads them), and drafting starts from the last valid one → target ids [steps]."""
+    def commit_on_device(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+                         length: torch.Tensor, valid: torch.Tensor, top_k: int):
+        """Commit target states with every number on the device (recordable): ``aux`` [1, n, k·Ht] with the
+        token after each [1, n] at ``positions`` [1, n] are written at slots from ``length`` [1]; the first
+        ``valid`` [1] of them count (the later slots are overwritten by the drafts before anything reads
+        them). → the last valid one's (pre-norm [1, 1, H], top-k log-probs [1, top_k], draft ids [1, top_k],
+        position [1, 1]) and the committed length after it [1]."""
         n = next_tokens.shape[1]
         self._window = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         self._offsets = torch.cat([length, length])
-        prenorm, _, ids = self._compute(aux, next_tokens, positions, 1, True, self._attend_static)
+        prenorm, scores, ids = self._compute(aux, next_tokens, positions, top_k, True, self._attend_static)
         last = valid - 1
-        hidden = prenorm.index_select(1, last)
-        position = positions[0].index_select(0, last).view(1, 1)
-        token = self.drafter.to_target_ids(ids.index_select(0, last)[:, :1]).view(1, 1)
-        committed = length + valid
+        return (prenorm.index_select(1, last), scores.index_select(0, last), ids.index_select(0, last),
+                positions[0].index_select(0, last).view(1, 1), length + valid)
+
+    def speculate_on_device(self, hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
+                            committed: torch.Tensor, written: int, window: torch.Tensor, top_k: int):
+        """A drafting step after ``committed`` [1] positions and ``written`` speculative entries, every number
+        on the device: the new entries go after those, and ``window`` [n, written + n] says which of the
+        speculative entries and new positions each sees → (pre-norm, top-k log-probs, draft ids) as :meth:`step`."""
+        self._window = window
+        self._offsets = torch.cat([committed, committed + written])
+        return self._compute(hidden, token_ids, positions, top_k, False, self._attend_static)
+
+    def chain_on_device(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+                        length: torch.Tensor, valid: torch.Tensor, steps: int) -> torch.Tensor:
+        """:meth:`commit_on_device`, then ``steps`` greedy drafts from the last valid state → target ids [steps]."""
+        hidden, _, ids, position, committed = self.commit_on_device(aux, next_tokens, positions, length, valid, 1)
+        token = self.drafter.to_target_ids(ids).view(1, 1)
         drafted = [token]
         for step in range(1, steps):  # step i sees the committed positions and the i − 1 drafts before it
-            self._window = torch.ones(1, step, dtype=torch.bool, device=self.device)
-            self._offsets = torch.cat([committed, committed + step - 1])
             position = position + 1
-            hidden, _, ids = self._compute(hidden, token, position, 1, False, self._attend_static)
-            token = self.drafter.to_target_ids(ids[:, :1]).view(1, 1)
+            window = torch.ones(1, step, dtype=torch.bool, device=self.device)
+            hidden, _, ids = self.speculate_on_device(hidden, token, position, committed, step - 1, window, 1)
+            token = self.drafter.to_target_ids(ids).view(1, 1)
             drafted.append(token)
         return torch.cat(drafted, dim=1)[0]
 

@@ -86,7 +86,7 @@ class TargetRunner:
         self._burst_numbers = InputBuffer((3,), torch.long, self.device)
         self._burst_tokens = torch.zeros(self.BURST, dtype=torch.long, device=self.device)
         self._one = torch.ones(1, 1, dtype=torch.long, device=self.device)
-        self.chain_bursts: dict = {}  # (drafter id, k) → its ChainBurst, whose buffers its recorded round uses
+        self.bursts: dict = {}  # (drafter id, mode) → its RoundBurst, whose buffers its recorded round uses
         if lean and self.static_shapes:
             why_not = "sliding-window attention" if self.sliding_window is not None else lean_support(model, layout)
             if why_not is None:
@@ -279,9 +279,14 @@ class TargetRunner:
         count = len(keep)
         if not torch.equal(keep, torch.arange(count)):  # a tree's scattered path: copy it down
             moves = torch.stack([self.length + keep, torch.arange(self.length, self.length + count)]).to(self.device)
-            self.cache.move(moves[0], moves[1])
-            self.slot_positions[moves[1]] = self.slot_positions[moves[0]]
+            self.move_slots(moves[0], moves[1])
         self.length += count
+
+    def move_slots(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        """Copy the cache entries (and their positions) at slots ``source`` to slots ``destination``, on
+        the device: every source is read before any destination is written."""
+        self.cache.move(source, destination)
+        self.slot_positions.index_copy_(0, destination, self.slot_positions.index_select(0, source))
 
     def _mask(self, n: int, positions: torch.Tensor, tree_mask: torch.Tensor | None):
         """Additive float mask [1, 1, n, visible slots] (a dict per layer type when some layers slide)."""

@@ -67,6 +67,31 @@ def chain_verdict(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Ten
     return accepted, choice.index_select(0, accepted)
 
 
+def tree_verdict(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, logits: torch.Tensor,
+                 levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A greedy tree's verdict on the device, with no host synchronisation: ``tokens``, ``parents`` (root
+    −1), ``depths`` [n] of a tree at most ``levels`` deep and the target's logits at every node [n, V] →
+    (drafts accepted [1], bonus token [1], the accepted node at each depth 0 … ``levels`` [levels + 1]; past
+    the accepted depth the entries are unspecified). :func:`walk_greedy` without the host: a node is
+    accepted when its token is the argmax at its parent and its parent is accepted; siblings hold distinct
+    tokens (a dynamic tree's children are one top-k), so the accepted nodes form one path."""
+    choice = logits.argmax(-1)
+    parent_rows = parents.clamp(min=0)
+    agrees = (parents < 0) | (tokens == choice.index_select(0, parent_rows))
+    accepted_nodes = agrees
+    for _ in range(levels):  # one more level settled per pass
+        accepted_nodes = agrees & accepted_nodes.index_select(0, parent_rows)
+    deepest = torch.where(accepted_nodes, depths, -1).argmax().view(1)
+    accepted = depths.index_select(0, deepest)
+    # climb from the deepest accepted node: up[i] is its i-th ancestor (the root, once past it)
+    up = [deepest]
+    for _ in range(levels):
+        up.append(parent_rows.index_select(0, up[-1]))
+    steps_up = (accepted - torch.arange(levels + 1, device=tokens.device)).clamp(min=0)
+    path = torch.cat(up).index_select(0, steps_up)
+    return accepted, choice.index_select(0, deepest), path
+
+
 def accept_chain_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, int, list[int]]:
     """:func:`chain_verdict` read back once: (drafts accepted, bonus token, the drafts as ids)."""
     accepted, bonus = chain_verdict(drafts, logits)
