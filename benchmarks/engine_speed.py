@@ -1,15 +1,18 @@
 """Tokens/s of eyas' engine (plain, chain, tree) vs transformers' generate with a static cache, one run.
 
     python benchmarks/engine_speed.py --target demo --draft DRAFT_DIR [--prompts 10] [--max-new-tokens 256]
-        [--modes chain:5,tree:60,7,10] [--variants eager,graphs,compile] [--device cuda] [--capacity 2048]
+        [--modes chain:5,tree:60,7,10] [--variants eager,graphs,compile,compile+lean] [--device cuda] [--capacity N]
         [--kernels] [--out benchmarks/results/engine_speed_<machine>_<date>.json]
 
 MT-bench first turns, batch 1, greedy. Every decoder runs every prompt after a warm-up; the table
 gives tokens/s and τ, and the ratios the engine issue sets as targets (eyas plain vs transformers
 static, eyas speculative vs eyas plain of the same variant). Variants of eyas' engine: ``eager``
 (no CUDA graphs), ``graphs`` (decoding steps replayed from CUDA graphs), ``compile`` (the target's
-steps fused by torch.compile, then recorded). On a GPU, CUDA is synchronised around every timed call.
-Every decoder (transformers' included) gets a cache of ``--capacity`` slots. ``--kernels``: after the
+steps fused by torch.compile, then recorded); ``+lean`` after either: Llama-family targets decode through
+eyas' lean forward (q/k/v and gate/up one matmul each). On a GPU, CUDA is synchronised around every
+timed call. Every decoder (transformers' included) gets a cache of ``--capacity`` slots; by default
+what the run needs, as ``eyas bench`` and ``eyas generate`` size theirs: the longest prompt + the new
+tokens + the most draft tokens a round verifies + 1 (static-shape attention spans the whole cache). ``--kernels``: after the
 timing, each decoder's first prompt once more under the profiler — its GPU kernels by total time, and
 how much of the wall time the GPU was busy.
 """
@@ -29,6 +32,7 @@ from eyas.bench import load_engine
 from eyas.bench.prompts import mt_bench_questions, render
 from eyas.bench.run import parse_modes, timed
 from eyas.engine.decode import generate
+from eyas.target.loading import load_target
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -80,32 +84,37 @@ def main() -> None:
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' static-cache generate")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
-    parser.add_argument("--capacity", type=int, default=2048, help="cache slots of every decoder")
+    parser.add_argument("--capacity", type=int, default=None, help="cache slots of every decoder (default: what the run needs)")
     parser.add_argument("--kernels", action="store_true", help="profile each decoder's first prompt once more")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     modes = parse_modes(args.modes)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: None}[args.dtype]
-    engine = load_engine(args.target, args.draft, args.capacity, args.device, dtype=dtype)
+    target = load_target(args.target, device=args.device, dtype=dtype)
+    prompts = [torch.tensor([render(target.tokenizer, text)]) for _, text in mt_bench_questions()[: args.prompts]]
+    capacity = args.capacity or max(p.shape[1] for p in prompts) + args.max_new_tokens + max(
+        [m.draft_tokens for m in modes], default=0) + 1
+    print(f"cache capacity: {capacity} slots", flush=True)
+    engine = load_engine(args.target, args.draft, capacity, args.device, dtype=dtype, target=target)
     device = engine.target_runner.device
-    tokenizer, model = engine.target.tokenizer, engine.target.model
-    prompts = [torch.tensor([render(tokenizer, text)]) for _, text in mt_bench_questions()[: args.prompts]]
+    model = engine.target.model
     results: dict[str, dict] = {}
     if not args.no_transformers:
         # transformers first, without eyas' hooks on the model: torch.compile would trace them and recompile
         engine.target_runner.close()
-        cache = StaticCache(config=model.config, max_cache_len=args.capacity)
+        cache = StaticCache(config=model.config, max_cache_len=capacity)
         static = lambda ids: hf_static(model, cache, ids.to(device), args.max_new_tokens, engine.stop_ids)  # noqa: E731
         for ids in prompts:  # compile (and any recompile) before timing: its steady state, not its compiler
             static(ids)
         results["transformers static"] = measure(device, static, prompts, warm_up=False)
     engine.target_runner.close()
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
-        if variant not in ("eager", "graphs", "compile"):
-            parser.error(f"unknown variant {variant!r}: eager, graphs or compile")
-        engine = load_engine(args.target, args.draft, args.capacity, args.device, dtype=dtype, target=engine.target,
-                             graphs=variant != "eager", compile=variant == "compile")
+        kind, _, extra = variant.partition("+")
+        if kind not in ("eager", "graphs", "compile") or extra not in ("", "lean"):
+            parser.error(f"unknown variant {variant!r}: eager, graphs or compile, each optionally +lean")
+        engine = load_engine(args.target, args.draft, capacity, args.device, dtype=dtype, target=engine.target,
+                             graphs=kind != "eager", compile=kind == "compile", lean=extra == "lean")
         decoders = {"plain": lambda ids, engine=engine: generate(engine.target_runner, ids, args.max_new_tokens,
                                                                   stop_ids=engine.stop_ids).tokens}
         taus: dict[str, list] = {}

@@ -23,10 +23,11 @@ class Engine:
 
 def load_engine(target_spec: str, draft_dir: Path, capacity: int, device: str | None = None,
                 trust_remote_code: bool = False, dtype: torch.dtype | None = None, target=None,
-                graphs: bool = True, compile: bool = False) -> Engine:
+                graphs: bool = True, compile: bool = False, lean: bool = False) -> Engine:
     """Target (eyas' default dtype for the device unless given) and drafter (same device and dtype),
     with stop ids; ``target`` reuses an already loaded target. ``graphs``: on CUDA, decoding steps
-    replay CUDA graphs; ``compile``: the target's steps are fused by torch.compile before recording."""
+    replay CUDA graphs; ``compile``: the target's steps are fused by torch.compile before recording;
+    ``lean``: Llama-family targets decode through :mod:`eyas.engine.lean` (fused projections)."""
     from eyas.export.load import load_drafter
     from eyas.target.loading import load_target
 
@@ -34,7 +35,8 @@ def load_engine(target_spec: str, draft_dir: Path, capacity: int, device: str | 
     layout = target.layout
     drafter = load_drafter(draft_dir, layout.embed.weight, layout.num_layers, device=layout.embed.weight.device,
                            dtype=layout.embed.weight.dtype)
-    runner = TargetRunner(target.model, layout, drafter.config.layer_ids, capacity, graphs=graphs, compile=compile)
+    runner = TargetRunner(target.model, layout, drafter.config.layer_ids, capacity, graphs=graphs, compile=compile,
+                          lean=lean)
     return Engine(target, runner, DraftRunner(drafter, capacity, graphs=graphs), stop_ids(target))
 
 

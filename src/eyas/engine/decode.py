@@ -169,7 +169,25 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
     # the drafter pairs the target state of each token with the token after it
     pending_aux, pending_tokens = aux, torch.cat([prompt[:, 1:], torch.tensor([[token]])], dim=1)
     pending_positions = torch.arange(length).unsqueeze(0)
+    new = [token]
+    if burst is not None and length > 1:
+        # the first round is a burst's too: every prompt state but the last goes straight into the drafter
+        drafter.commit(pending_aux[:, :-1], pending_tokens[:, :-1], pending_positions[:, :-1])
+        pending_aux, pending_tokens, pending_positions = (t[:, -1:] for t in (pending_aux, pending_tokens, pending_positions))
     while True:
+        # With static shapes, greedy rounds run on the device in bursts; the host replays each one's outcome in
+        # order, so output and τ are the round-by-round ones. Host-driven rounds finish what no burst fits.
+        while burst is not None and (rounds := burst.rounds_that_fit(max_new_tokens - len(result.tokens))) > 0:
+            outcome = burst.run(rounds, pending_aux, new, pending_positions[0].tolist(), token)
+            for accepted, new in outcome:
+                result.accepted.append(accepted)
+                if emit(new):
+                    return result
+            token, end = new[-1], target.length
+            pending_aux = burst.aux[:, : len(new)]
+            pending_tokens = torch.tensor([new])
+            pending_positions = torch.arange(end - len(new), end).unsqueeze(0)
+
         start = target.length  # the root's position: emitted, not yet run by the target
         if greedy_chain:
             # drafts stay on the device: drafter, target and verdict queue back to back, one read-back a round
@@ -201,18 +219,6 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
         token = bonus
         pending_tokens = torch.tensor([new])
         pending_positions = (start + torch.arange(accepted + 1)).unsqueeze(0)
-        # With static shapes, greedy rounds then run on the device in bursts; the host replays each one's
-        # outcome in order, so output and τ are the round-by-round ones.
-        while burst is not None and (rounds := burst.rounds_that_fit(max_new_tokens - len(result.tokens))) > 0:
-            outcome = burst.run(rounds, pending_aux, new, pending_positions[0].tolist(), token)
-            for accepted, new in outcome:
-                result.accepted.append(accepted)
-                if emit(new):
-                    return result
-            token, end = new[-1], target.length
-            pending_aux = burst.aux[:, : len(new)]
-            pending_tokens = torch.tensor([new])
-            pending_positions = torch.arange(end - len(new), end).unsqueeze(0)
 
 
 def round_burst(target: TargetRunner, drafter: DraftRunner, speculation: Speculation) -> RoundBurst:

@@ -168,6 +168,14 @@ class DraftRunner:
         self.rollback()
         return torch.cat(drafted, dim=1)[0]
 
+    @torch.no_grad()
+    def commit(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """Commit target states ``aux`` [1, n, k·Ht] (each with the token after it [1, n]) without drafting:
+        a prompt's, before device-resident rounds commit its last state and draft from it."""
+        self.rollback()
+        n = next_tokens.shape[1]
+        self.step(aux, next_tokens, positions, torch.ones(n, n, dtype=torch.bool).tril(), commit=True, from_target=True)
+
     def commit_on_device(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
                          length: torch.Tensor, valid: torch.Tensor, top_k: int):
         """Commit target states with every number on the device (recordable): ``aux`` [1, n, k·Ht] with the
