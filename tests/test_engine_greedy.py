@@ -10,6 +10,7 @@ whose values are then known in advance.
 import pytest
 import torch
 
+import eyas.engine.decode as decode
 from eyas.engine.decode import Speculation, generate
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
@@ -319,3 +320,24 @@ def test_recorded_steps_stay_correct_across_generations():
             assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == expected, (seed, speculation)
     bursts = {key[0] for key in target.graphs.recorded if isinstance(key, tuple)}
     assert {"ChainBurst", "TreeBurst"} <= bursts
+
+
+@pytest.mark.parametrize("speculation", [Speculation("chain", 5), Speculation("tree", top_k=4, depth=5, total=20)],
+                         ids=["chain", "tree"])
+def test_caches_sized_as_the_cli_sizes_them_keep_every_greedy_round_in_bursts(monkeypatch, speculation):
+    """eyas bench / generate size the target's cache to prompt + new tokens + draft tokens + 1, and the
+    drafter's DRAFTER_SPARE slots larger: then no round of a greedy generation leaves the bursts (a
+    host-driven round near the end would, on a GPU, record or compile its shapes mid-generation)."""
+    from eyas.bench import DRAFTER_SPARE
+
+    model = ARCHITECTURES["llama"][0]()
+    prompt, new_tokens = prompt_of(5), 40
+    capacity = prompt.shape[1] + new_tokens + speculation.draft_tokens + 1
+    target, _ = runners(model, capacity=capacity, static_shapes=True)
+    _, drafter = runners(model, capacity=capacity + DRAFTER_SPARE, static_shapes=True)
+    host_rounds = []
+    for name in ("draft_tree", "chain_tree", "accept_chain_greedy"):
+        monkeypatch.setattr(decode, name, lambda *a, _f=getattr(decode, name): host_rounds.append(1) or _f(*a))
+    generation = generate(target, prompt, new_tokens, drafter, speculation)
+    assert generation.tokens == reference_greedy(model, prompt, new_tokens)
+    assert not host_rounds and generation.rounds > 1

@@ -347,7 +347,7 @@ def generate(
         # cache sized to this prompt, the answer and one round of drafts: nothing more is allocated
         capacity = len(ids) + max_new_tokens + speculation.draft_tokens + 1
         if draft is None:
-            runner = TargetRunner(loaded.model, loaded.layout, None, capacity, graphs=graphs, compile=compile)
+            runner = TargetRunner(loaded.model, loaded.layout, None, capacity, graphs=graphs, compile=compile, lean=True)
             engine = Engine(loaded, runner, None, stop_ids(loaded))
         else:
             engine = load_engine(target, draft, capacity, device, trust_remote_code, target=loaded, graphs=graphs,

@@ -21,13 +21,19 @@ class Engine:
     stop_ids: set[int] = field(default_factory=set)
 
 
+DRAFTER_SPARE = 16  # max depth + 1 of any mode up to depth 15: see load_engine
+
+
 def load_engine(target_spec: str, draft_dir: Path, capacity: int, device: str | None = None,
                 trust_remote_code: bool = False, dtype: torch.dtype | None = None, target=None,
-                graphs: bool = True, compile: bool = False, lean: bool = False) -> Engine:
+                graphs: bool = True, compile: bool = False, lean: bool = True) -> Engine:
     """Target (eyas' default dtype for the device unless given) and drafter (same device and dtype),
     with stop ids; ``target`` reuses an already loaded target. ``graphs``: on CUDA, decoding steps
     replay CUDA graphs; ``compile``: the target's steps are fused by torch.compile before recording;
-    ``lean``: Llama-family targets decode through :mod:`eyas.engine.lean` (fused projections)."""
+    ``lean``: with graphs, Llama-family targets decode through :mod:`eyas.engine.lean` (fused projections;
+    1.26× the HF forward's plain decoding, compiled, on the H200: BENCHMARKS.md). The drafter's cache
+    holds ``DRAFTER_SPARE`` slots more than the target's: a burst round commits max depth + 1 states
+    whatever was accepted, so without them the last rounds of a generation would leave the bursts."""
     from eyas.export.load import load_drafter
     from eyas.target.loading import load_target
 
@@ -37,7 +43,7 @@ def load_engine(target_spec: str, draft_dir: Path, capacity: int, device: str | 
                            dtype=layout.embed.weight.dtype)
     runner = TargetRunner(target.model, layout, drafter.config.layer_ids, capacity, graphs=graphs, compile=compile,
                           lean=lean)
-    return Engine(target, runner, DraftRunner(drafter, capacity, graphs=graphs), stop_ids(target))
+    return Engine(target, runner, DraftRunner(drafter, capacity + DRAFTER_SPARE, graphs=graphs), stop_ids(target))
 
 
 def stop_ids(target) -> set[int]:

@@ -161,11 +161,12 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
             token = chooser.next_token(logits[0, -1])
             if emit([token]):
                 return result
-    prepare_rounds(drafter, speculation, aux)
-    drafter.reset()
     greedy_chain = speculation.mode == "chain" and chooser.sampling.greedy
     burst = round_burst(target, drafter, speculation) if (
         chooser.sampling.greedy and target.static_shapes and drafter.static_shapes) else None
+    if burst is None:  # host-driven rounds: their drafter shapes recorded up front
+        prepare_rounds(drafter, speculation, aux)
+    drafter.reset()
     # the drafter pairs the target state of each token with the token after it
     pending_aux, pending_tokens = aux, torch.cat([prompt[:, 1:], torch.tensor([[token]])], dim=1)
     pending_positions = torch.arange(length).unsqueeze(0)
