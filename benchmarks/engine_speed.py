@@ -4,7 +4,7 @@
         [--modes chain:5,tree:60,7,10] [--variants eager,graphs,compile,compile+lean] [--device cuda] [--capacity N]
         [--kernels] [--out benchmarks/results/engine_speed_<machine>_<date>.json]
 
-MT-bench first turns, batch 1, greedy. Every decoder runs every prompt after a warm-up; the table
+MT-bench first turns, batch 1, greedy. Every decoder runs every prompt once untimed, then timed; the table
 gives tokens/s and τ, and the ratios the engine issue sets as targets (eyas plain vs transformers
 static, eyas speculative vs eyas plain of the same variant). Variants of eyas' engine: ``eager``
 (no CUDA graphs), ``graphs`` (decoding steps replayed from CUDA graphs), ``compile`` (the target's
@@ -47,16 +47,21 @@ def hf_static(model, cache, ids: torch.Tensor, max_new: int, stop: set[int]) -> 
     return out[0, ids.shape[1]:].tolist()
 
 
-def measure(device: torch.device, decode, prompts: list[torch.Tensor], warm_up: bool = True) -> dict:
-    """One warm-up prompt (compilation, allocator, kernels), then every prompt timed."""
-    if warm_up:
-        decode(prompts[0])
-    tokens, seconds, outputs = 0, 0.0, []
+def measure(device: torch.device, decode, prompts: list[torch.Tensor], after_warm_up=lambda: None) -> dict:
+    """Every prompt decoded once untimed (compilation, recordings — each prompt length has its own prefill
+    bucket —, allocator, kernels), then every prompt timed; each prompt's seconds are kept, so that one
+    slow prompt shows."""
+    for ids in prompts:
+        decode(ids)
+    after_warm_up()
+    tokens, seconds, outputs, each = 0, 0.0, [], []
     for ids in prompts:
         out, elapsed = timed(device, lambda ids=ids: decode(ids))
         tokens, seconds = tokens + len(out), seconds + elapsed
         outputs.append(out)
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds, "outputs": outputs}
+        each.append({"tokens": len(out), "seconds": elapsed})
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds, "outputs": outputs,
+            "per_prompt": each}
 
 
 def kernel_table(device: torch.device, decode, rows: int = 12) -> None:
@@ -105,9 +110,7 @@ def main() -> None:
         engine.target_runner.close()
         cache = StaticCache(config=model.config, max_cache_len=capacity)
         static = lambda ids: hf_static(model, cache, ids.to(device), args.max_new_tokens, engine.stop_ids)  # noqa: E731
-        for ids in prompts:  # compile (and any recompile) before timing: its steady state, not its compiler
-            static(ids)
-        results["transformers static"] = measure(device, static, prompts, warm_up=False)
+        results["transformers static"] = measure(device, static, prompts)  # its steady state, not its compiler
     engine.target_runner.close()
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
         kind, _, extra = variant.partition("+")
@@ -126,10 +129,8 @@ def main() -> None:
                 return g.tokens
             decoders[mode.label()] = run
         for label, decode in decoders.items():
-            decode(prompts[0])  # warm-up: the target's step shapes recorded (and compiled) before timing; forget τ
-            taus.clear()
             name = f"eyas {variant} {label}"
-            results[name] = measure(device, decode, prompts, warm_up=False)
+            results[name] = measure(device, decode, prompts, after_warm_up=taus.clear)  # τ of the timed runs only
             results[name]["variant"] = variant
             results[name]["lean_forward"] = engine.target_runner.lean is not None
             if label in taus:
