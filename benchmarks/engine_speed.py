@@ -14,7 +14,9 @@ timed call. Every decoder (transformers' included) gets a cache of ``--capacity`
 what the run needs, as ``eyas bench`` and ``eyas generate`` size theirs: the longest prompt + the new
 tokens + the most draft tokens a round verifies + 1 (static-shape attention spans the whole cache). ``--kernels``: after the
 timing, each decoder's first prompt once more under the profiler — its GPU kernels by total time, and
-how much of the wall time the GPU was busy.
+how much of the wall time the GPU was busy; on a GPU also, for each recorded burst round, the host's time
+to launch a replay against the GPU's time to run it. To see dynamo's recompilations and graph breaks,
+run with ``TORCH_LOGS=recompiles,graph_breaks``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import datetime
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -62,6 +65,32 @@ def measure(device: torch.device, decode, prompts: list[torch.Tensor], after_war
         each.append({"tokens": len(out), "seconds": elapsed})
     return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds, "outputs": outputs,
             "per_prompt": each}
+
+
+def replay_cost(runner, replays: int = 16) -> None:
+    """For each recorded burst round of ``runner``: the host's time to issue ``replays`` replays against the
+    GPU's time to run them. A host that needs as long to launch a round as the GPU to run it leaves the GPU
+    idle. Each replay starts from the same saved state, so no cache fills up."""
+    for burst in runner.bursts.values():
+        key = (type(burst).__name__, id(burst))
+        if key not in runner.graphs._graphs:
+            continue
+        graph = runner.graphs._graphs[key][0]
+        state = burst.numbers.tensor
+        saved = state.clone()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        host = time.perf_counter()
+        start.record()
+        for _ in range(replays):
+            state.copy_(saved)
+            graph.replay()
+        end.record()
+        host = time.perf_counter() - host
+        torch.cuda.synchronize()
+        state.copy_(saved)
+        print(f"    {key[0]} (width {burst.width}): host {host / replays * 1e3:.3f} ms to issue a round, "
+              f"GPU {start.elapsed_time(end) / replays:.3f} ms to run one")
 
 
 def kernel_table(device: torch.device, decode, rows: int = 12) -> None:
@@ -139,6 +168,8 @@ def main() -> None:
             print(f"{name}: {results[name]['tokens_per_second']:.1f} tok/s", flush=True)
             if args.kernels:
                 kernel_table(device, lambda decode=decode: decode(prompts[0]))
+            if args.kernels and device.type == "cuda":
+                replay_cost(engine.target_runner)
         engine.target_runner.close()
         del engine.target_runner, engine.draft_runner
         if device.type == "cuda":
