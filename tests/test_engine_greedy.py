@@ -74,12 +74,21 @@ def test_static_shapes_decode_the_same(arch):
 
 
 def test_prompts_of_new_lengths_add_no_static_shape():
-    """A prompt's states are committed eagerly and every shape a round can take is run before the
-    first round: on a GPU no graph is recorded while decoding, and none is kept per prompt length."""
+    """A prompt's states are committed eagerly, so no step shape is kept per prompt length. Greedy rounds
+    run as bursts: one recorded round per mode, no drafter step shape at all. Sampled rounds are driven
+    by the host, and every shape one can take is run before the first (on a GPU no graph is recorded
+    while decoding)."""
+    from eyas.engine.verify import Sampling
+
     model = ARCHITECTURES["llama"][0]()
     target, drafter = runners(model, static_shapes=True)
+    sampled = Sampling(temperature=1.0, seed=3)
     for speculation in (Speculation("chain", 4), Speculation("tree", top_k=4, depth=3, total=10)):
-        generate(target, prompt_of(1, length=8), NEW_TOKENS, drafter, speculation)
+        prompt = prompt_of(1, length=8)
+        assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == reference_greedy(model, prompt, NEW_TOKENS)
+        assert drafter.shapes == frozenset(), speculation.label()
+    for speculation in (Speculation("chain", 4), Speculation("tree", top_k=4, depth=3, total=10)):
+        generate(target, prompt_of(1, length=8), NEW_TOKENS, drafter, speculation, sampling=sampled)
         after_first = drafter.shapes
         if speculation.mode == "chain":  # ("chain", states, steps): commit and drafts in one step
             committed = {key[1] for key in after_first if key[0] == "chain"}
@@ -88,6 +97,7 @@ def test_prompts_of_new_lengths_add_no_static_shape():
         assert committed == set(range(1, speculation.max_depth + 2)), speculation.label()
         for seed, length in ((2, 11), (3, 17), (4, 23)):
             prompt = prompt_of(seed, length)
+            generate(target, prompt, NEW_TOKENS, drafter, speculation, sampling=sampled)
             assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == reference_greedy(model, prompt, NEW_TOKENS)
         assert drafter.shapes == after_first, speculation.label()
 
