@@ -32,6 +32,7 @@ def test_dynamic_tree_shape_and_masks():
     assert all(int(tree.depths[i]) == int(tree.depths[tree.parents[i]]) + 1 for i in range(1, 11))
     assert int(tree.depths.max()) <= 3
     assert drafter.speculative == 0 and drafter.length == 6  # drafted entries rolled back, the states committed
+    assert tree.child_lists() == [tree.children(i) for i in range(11)]  # what the host walks read
     mask = ancestor_mask(tree.parents)
     for i in range(11):
         expected, node = {i}, i

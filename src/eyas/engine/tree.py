@@ -39,6 +39,14 @@ class DraftTree:
         """Child node indices in tree order (best-scored first: nodes are stored by score)."""
         return (self.parents == node).nonzero().flatten().tolist()
 
+    def child_lists(self) -> list[list[int]]:
+        """Every node's :meth:`children`, from one read of the parents (for walks on the host)."""
+        lists: list[list[int]] = [[] for _ in range(len(self.parents))]
+        for node, parent in enumerate(self.parents.tolist()):
+            if parent >= 0:
+                lists[parent].append(node)
+        return lists
+
 
 def chain_tree(root: int, drafts: torch.Tensor) -> DraftTree:
     """A chain: root, then each draft the child of the one before."""

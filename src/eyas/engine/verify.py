@@ -49,10 +49,10 @@ def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 
 def walk_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
     """(accepted node indices, root first; bonus token) from the target's logits at every node [n, V]."""
-    choice = logits.argmax(-1).tolist()
+    choice, tokens, children = logits.argmax(-1).tolist(), tree.tokens.tolist(), tree.child_lists()
     path, node = [0], 0
     while True:
-        follow = [c for c in tree.children(node) if int(tree.tokens[c]) == choice[node]]
+        follow = [c for c in children[node] if tokens[c] == choice[node]]
         if not follow:
             return path, choice[node]
         node = follow[0]
@@ -115,14 +115,14 @@ def walk_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generat
     """(accepted node indices, root first; bonus token) from the target's distributions [n, V], on any
     device: each node's probability under its parent's distribution comes back in one read, the walk
     runs on the host, and only the bonus token is sampled where ``probs`` live."""
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    tokens, parents, children = tree.tokens.tolist(), tree.parents.tolist(), tree.child_lists()
     chance = [0.0, *probs[torch.tensor(parents[1:], device=probs.device), tree.tokens[1:].to(probs.device)].tolist()]
     path, node = [0], 0
     while True:
         rejected: list[int] = []
         removed = 0.0  # mass of the rejected children: what is left of p is renormalised by 1 − removed
         accepted = None
-        for child in tree.children(node):
+        for child in children[node]:
             token = tokens[child]
             if token in rejected:  # a repeated sibling: its mass is already gone
                 continue
