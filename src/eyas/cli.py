@@ -288,6 +288,8 @@ def bench(
     graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="on CUDA, replay decoding steps from CUDA graphs"),
     compile: bool = typer.Option(False, "--compile/--no-compile", help="on CUDA, fuse the target's steps with "
                                  "torch.compile before recording them (faster steps; each step shape compiles once)"),
+    lean: bool = typer.Option(True, "--lean/--no-lean", help="with graphs, decode Llama-family targets through eyas' "
+                              "lean forward (q/k/v and gate/up one matmul each); --no-lean: the model's own forward"),
 ) -> None:
     """Measure a drafter in eyas' engine: τ, acceptance per position, tokens/s speculative vs plain.
 
@@ -302,7 +304,7 @@ def bench(
             target=target, draft=draft, out=out, datasets=tuple(d.strip() for d in dataset.split(",") if d.strip()),
             data=data, modes=mode, temperature=temperature, top_p=top_p, prompts=prompts, max_new_tokens=max_new_tokens,
             max_prompt_tokens=max_prompt_tokens, seed=seed, device=device, trust_remote_code=trust_remote_code,
-            graphs=graphs, compile=compile,
+            graphs=graphs, compile=compile, lean=lean,
         )
         result, header = bench_stage(options)
     console.print(markdown(result, header), soft_wrap=True, highlight=False)
@@ -324,6 +326,8 @@ def generate(
     graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="on CUDA, replay decoding steps from CUDA graphs"),
     compile: bool = typer.Option(False, "--compile/--no-compile", help="on CUDA, fuse the target's steps with "
                                  "torch.compile before recording them (faster steps; each step shape compiles once)"),
+    lean: bool = typer.Option(True, "--lean/--no-lean", help="with graphs, decode Llama-family targets through eyas' "
+                              "lean forward (q/k/v and gate/up one matmul each); --no-lean: the model's own forward"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end instead of streaming: "
                                  "token_ids (generated only), text, and with --draft tau and rounds"),
 ) -> None:
@@ -347,11 +351,11 @@ def generate(
         # cache sized to this prompt, the answer and one round of drafts: nothing more is allocated
         capacity = len(ids) + max_new_tokens + speculation.draft_tokens + 1
         if draft is None:
-            runner = TargetRunner(loaded.model, loaded.layout, None, capacity, graphs=graphs, compile=compile, lean=True)
+            runner = TargetRunner(loaded.model, loaded.layout, None, capacity, graphs=graphs, compile=compile, lean=lean)
             engine = Engine(loaded, runner, None, stop_ids(loaded))
         else:
             engine = load_engine(target, draft, capacity, device, trust_remote_code, target=loaded, graphs=graphs,
-                                 compile=compile)
+                                 compile=compile, lean=lean)
         tokenizer = engine.target.tokenizer
         shown: list[int] = []
         printed = ""

@@ -28,6 +28,7 @@ class BenchOptions:
     trust_remote_code: bool = False
     graphs: bool = True
     compile: bool = False
+    lean: bool = True
 
 
 def bench_stage(options: BenchOptions, show_progress: bool = True):
@@ -38,15 +39,20 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     from eyas.bench.run import parse_modes, run_bench
     from eyas.engine.verify import Sampling
     from eyas.progress import progress_bar
+    from eyas.target.loading import load_target
 
     modes = parse_modes(options.modes)
-    capacity = options.max_prompt_tokens + options.max_new_tokens + max(m.draft_tokens for m in modes) + 1
-    engine = load_engine(options.target, options.draft, capacity, options.device, options.trust_remote_code,
-                         graphs=options.graphs, compile=options.compile)
-    chosen, dropped = load_prompts(list(options.datasets), engine.target.tokenizer, options.data, options.prompts,
+    target = load_target(options.target, device=options.device, trust_remote_code=options.trust_remote_code)
+    chosen, dropped = load_prompts(list(options.datasets), target.tokenizer, options.data, options.prompts,
                                    options.max_prompt_tokens)
     if not chosen:
         raise EyasError(f"no prompts left to benchmark (dropped: {dropped})")
+    # caches sized to the longest chosen prompt, not to --max-prompt-tokens: static-shape attention (CUDA graphs)
+    # spans the whole cache, and a multi-token step costs ~2× more over 2,048 slots than over 660 (BENCHMARKS.md)
+    longest = max(len(prompt.input_ids) for prompt in chosen)
+    capacity = longest + options.max_new_tokens + max(m.draft_tokens for m in modes) + 1
+    engine = load_engine(options.target, options.draft, capacity, options.device, options.trust_remote_code,
+                         target=target, graphs=options.graphs, compile=options.compile, lean=options.lean)
     sampling = Sampling(temperature=options.temperature, top_p=options.top_p, seed=options.seed)
     with progress_bar("bench", len(chosen), unit="prompt") as bar:
         result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, sampling, options.max_new_tokens,
