@@ -30,8 +30,13 @@ def setup(tmp_path_factory):
     return root, target, data
 
 
-def test_bench_reports_tau_speed_and_losslessness(setup):
+def test_bench_reports_tau_speed_and_losslessness(setup, monkeypatch):
+    import eyas.bench
+
     root, target, data = setup
+    capacities = []
+    load = eyas.bench.load_engine
+    monkeypatch.setattr(eyas.bench, "load_engine", lambda *a, **k: capacities.append(a[2]) or load(*a, **k))
     result = CliRunner().invoke(app, ["bench", "--target", target, "--draft", str(root / "draft"), "--out", str(root / "report"),
                                       "--dataset", "sharegpt-holdout", "--data", str(data), "--mode", "chain:3,tree:8,3,3",
                                       "--max-new-tokens", "12", "--device", "cpu"])
@@ -47,6 +52,8 @@ def test_bench_reports_tau_speed_and_losslessness(setup):
         assert len(row["accepted_per_position"]) == 3
     assert (root / "report" / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"| sharegpt-holdout | chain:3 | {count} |" in (root / "report" / "report.md").read_text()
+    # caches sized to the longest benchmarked prompt + new tokens + the largest round's drafts + 1
+    assert capacities == [max(len(p.input_ids) for p in holdout_prompts(data)) + 12 + 8 + 1]
 
 
 def test_training_prompts_are_never_benchmark_prompts(setup, tmp_path):
