@@ -2,7 +2,7 @@
 
     python benchmarks/engine_speed.py --target demo --draft DRAFT_DIR [--prompts 10] [--max-new-tokens 256]
         [--modes chain:5,tree:60,7,10] [--variants eager,graphs,compile,compile+lean] [--device cuda] [--capacity N]
-        [--kernels] [--out benchmarks/results/engine_speed_<machine>_<date>.json]
+        [--repeats 1] [--kernels] [--out benchmarks/results/engine_speed_<machine>_<date>.json]
 
 MT-bench first turns, batch 1, greedy. Every decoder runs every prompt once untimed, then timed; the table
 gives tokens/s and τ, and the ratios the engine issue sets as targets (eyas plain vs transformers
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -50,21 +51,25 @@ def hf_static(model, cache, ids: torch.Tensor, max_new: int, stop: set[int]) -> 
     return out[0, ids.shape[1]:].tolist()
 
 
-def measure(device: torch.device, decode, prompts: list[torch.Tensor], after_warm_up=lambda: None) -> dict:
+def measure(device: torch.device, decode, prompts: list[torch.Tensor], after_warm_up=lambda: None,
+            repeats: int = 1) -> dict:
     """Every prompt decoded once untimed (compilation, recordings — each prompt length has its own prefill
-    bucket —, allocator, kernels), then every prompt timed; each prompt's seconds are kept, so that one
-    slow prompt shows."""
+    bucket —, allocator, kernels), then every prompt timed, ``repeats`` times over; tokens/s is the median
+    of the repeats' rates, and each prompt's seconds are kept, so that one slow prompt or repeat shows."""
     for ids in prompts:
         decode(ids)
     after_warm_up()
-    tokens, seconds, outputs, each = 0, 0.0, [], []
-    for ids in prompts:
-        out, elapsed = timed(device, lambda ids=ids: decode(ids))
-        tokens, seconds = tokens + len(out), seconds + elapsed
-        outputs.append(out)
-        each.append({"tokens": len(out), "seconds": elapsed})
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds, "outputs": outputs,
-            "per_prompt": each}
+    rates, each, outputs = [], [], []
+    for _ in range(repeats):
+        tokens, seconds, outputs = 0, 0.0, []
+        for ids in prompts:
+            out, elapsed = timed(device, lambda ids=ids: decode(ids))
+            tokens, seconds = tokens + len(out), seconds + elapsed
+            outputs.append(out)
+            each.append({"tokens": len(out), "seconds": elapsed})
+        rates.append(tokens / seconds)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": statistics.median(rates),
+            "repeat_tokens_per_second": rates, "outputs": outputs, "per_prompt": each}
 
 
 def replay_cost(runner, replays: int = 16) -> None:
@@ -119,6 +124,7 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
     parser.add_argument("--capacity", type=int, default=None, help="cache slots of every decoder (default: what the run needs)")
+    parser.add_argument("--repeats", type=int, default=1, help="time every prompt this many times; report the median")
     parser.add_argument("--kernels", action="store_true", help="profile each decoder's first prompt once more")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -139,7 +145,8 @@ def main() -> None:
         engine.target_runner.close()
         cache = StaticCache(config=model.config, max_cache_len=capacity)
         static = lambda ids: hf_static(model, cache, ids.to(device), args.max_new_tokens, engine.stop_ids)  # noqa: E731
-        results["transformers static"] = measure(device, static, prompts)  # its steady state, not its compiler
+        # its steady state, not its compiler
+        results["transformers static"] = measure(device, static, prompts, repeats=args.repeats)
     engine.target_runner.close()
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
         kind, _, extra = variant.partition("+")
@@ -159,7 +166,8 @@ def main() -> None:
             decoders[mode.label()] = run
         for label, decode in decoders.items():
             name = f"eyas {variant} {label}"
-            results[name] = measure(device, decode, prompts, after_warm_up=taus.clear)  # τ of the timed runs only
+            # τ of the timed runs only (the same in every repeat: greedy)
+            results[name] = measure(device, decode, prompts, after_warm_up=taus.clear, repeats=args.repeats)
             results[name]["variant"] = variant
             results[name]["lean_forward"] = engine.target_runner.lean is not None
             if label in taus:
