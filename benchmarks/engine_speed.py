@@ -176,8 +176,8 @@ def main() -> None:
             print(f"{name}: {results[name]['tokens_per_second']:.1f} tok/s", flush=True)
             if args.kernels:
                 kernel_table(device, lambda decode=decode: decode(prompts[0]))
-            if args.kernels and device.type == "cuda":
-                replay_cost(engine.target_runner)
+        if args.kernels and device.type == "cuda":  # every burst round this variant recorded
+            replay_cost(engine.target_runner)
         engine.target_runner.close()
         del engine.target_runner, engine.draft_runner
         if device.type == "cuda":

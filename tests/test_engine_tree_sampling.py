@@ -32,7 +32,8 @@ def test_dynamic_tree_shape_and_masks():
     assert all(int(tree.depths[i]) == int(tree.depths[tree.parents[i]]) + 1 for i in range(1, 11))
     assert int(tree.depths.max()) <= 3
     assert drafter.speculative == 0 and drafter.length == 6  # drafted entries rolled back, the states committed
-    assert tree.child_lists() == [tree.children(i) for i in range(11)]  # what the host walks read
+    # what the host walks read: each node's children, in tree order
+    assert tree.child_lists() == [(tree.parents == i).nonzero().flatten().tolist() for i in range(11)]
     mask = ancestor_mask(tree.parents)
     for i in range(11):
         expected, node = {i}, i
@@ -53,9 +54,9 @@ def test_tree_nodes_match_the_chained_drafter():
     chain = drafter.draft_chain(aux, tokens, positions, 3)
     drafter.reset()
     tree = draft_tree(drafter, aux, tokens, positions, root=int(tokens[0, -1]), top_k=3, depth=3, total=21)
-    node, path = 0, []
+    node, path, children = 0, [], tree.child_lists()
     for _ in range(3):
-        node = tree.children(node)[0]  # children are stored best first
+        node = children[node][0]  # children are stored best first
         path.append(int(tree.tokens[node]))
     assert path == chain.tolist()
 

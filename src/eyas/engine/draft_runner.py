@@ -152,9 +152,7 @@ class DraftRunner:
         self.rollback()
         if self.static_shapes and not self.is_prompt(True):
             return self._draft_chain_static(aux, next_tokens, positions, steps)
-        n = next_tokens.shape[1]
-        prenorm, _, ids = self.step(aux, next_tokens, positions, torch.ones(n, n, dtype=torch.bool).tril(), commit=True,
-                                    top_k=1, from_target=True)
+        prenorm, _, ids = self.commit(aux, next_tokens, positions, top_k=1)
         prenorm = prenorm[:, -1:]
         token = self.drafter.to_target_ids(ids[-1:, :1]).view(1, 1)
         position = int(positions[0, -1])
@@ -169,12 +167,14 @@ class DraftRunner:
         return torch.cat(drafted, dim=1)[0]
 
     @torch.no_grad()
-    def commit(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor) -> None:
-        """Commit target states ``aux`` [1, n, k·Ht] (each with the token after it [1, n]) without drafting:
-        a prompt's, before device-resident rounds commit its last state and draft from it."""
+    def commit(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor, top_k: int = 0):
+        """Drop any drafted positions and commit target states ``aux`` [1, n, k·Ht] (each with the token after
+        it [1, n]), causally → :meth:`step`'s (pre-norm, top-k log-probs, draft ids). With ``top_k`` 0 nothing
+        is drafted: a prompt's states, before device-resident rounds commit its last one and draft from it."""
         self.rollback()
         n = next_tokens.shape[1]
-        self.step(aux, next_tokens, positions, torch.ones(n, n, dtype=torch.bool).tril(), commit=True, from_target=True)
+        return self.step(aux, next_tokens, positions, torch.ones(n, n, dtype=torch.bool).tril(), commit=True,
+                         top_k=top_k, from_target=True)
 
     def commit_on_device(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
                          length: torch.Tensor, valid: torch.Tensor, top_k: int):

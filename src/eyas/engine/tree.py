@@ -35,12 +35,9 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def children(self, node: int) -> list[int]:
-        """Child node indices in tree order (best-scored first: nodes are stored by score)."""
-        return (self.parents == node).nonzero().flatten().tolist()
-
     def child_lists(self) -> list[list[int]]:
-        """Every node's :meth:`children`, from one read of the parents (for walks on the host)."""
+        """Every node's child node indices in tree order (best-scored first: nodes are stored by score),
+        from one read of the parents (for walks on the host)."""
         lists: list[list[int]] = [[] for _ in range(len(self.parents))]
         for node, parent in enumerate(self.parents.tolist()):
             if parent >= 0:
@@ -142,10 +139,7 @@ def draft_tree(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tenso
 
     Growth and selection stay on the drafter's device (each level's inputs come from the previous
     level's outputs); the chosen nodes cross to the host once."""
-    drafter.rollback()
-    n = next_tokens.shape[1]
-    prenorm, scores, ids = drafter.step(aux, next_tokens, positions, torch.ones(n, n, dtype=torch.bool).tril(),
-                                        commit=True, top_k=top_k, from_target=True)
+    prenorm, scores, ids = drafter.commit(aux, next_tokens, positions, top_k)
     base = int(positions[0, -1])  # the drafter runs a depth-d node at base + d (its row holds the next token)
 
     def run_level(hidden, tokens, level, window):
