@@ -22,7 +22,9 @@ run with ``TORCH_LOGS=recompiles,graph_breaks``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import gc
 import json
 import statistics
 import sys
@@ -60,42 +62,96 @@ def measure(device: torch.device, decode, prompts: list[torch.Tensor], after_war
         decode(ids)
     after_warm_up()
     rates, each, outputs = [], [], []
-    for _ in range(repeats):
-        tokens, seconds, outputs = 0, 0.0, []
-        for ids in prompts:
-            out, elapsed = timed(device, lambda ids=ids: decode(ids))
-            tokens, seconds = tokens + len(out), seconds + elapsed
-            outputs.append(out)
-            each.append({"tokens": len(out), "seconds": elapsed})
-        rates.append(tokens / seconds)
+    with gc_watch() as gc_seconds:
+        for _ in range(repeats):
+            tokens, seconds, outputs = 0, 0.0, []
+            for ids in prompts:
+                out, elapsed = timed(device, lambda ids=ids: decode(ids))
+                tokens, seconds = tokens + len(out), seconds + elapsed
+                outputs.append(out)
+                each.append({"tokens": len(out), "seconds": elapsed})
+            rates.append(tokens / seconds)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_second": statistics.median(rates),
-            "repeat_tokens_per_second": rates, "outputs": outputs, "per_prompt": each}
+            "repeat_tokens_per_second": rates, "outputs": outputs, "per_prompt": each,
+            "gc_seconds_while_timed": gc_seconds}
 
 
-def replay_cost(runner, replays: int = 16) -> None:
+def say(name: str, r: dict) -> None:
+    repeats = ", ".join(f"{x:.1f}" for x in r["repeat_tokens_per_second"])
+    print(f"{name}: {r['tokens_per_second']:.1f} tok/s (repeats {repeats}; slowest prompt "
+          f"{max(p['seconds'] for p in r['per_prompt']):.3f} s; gc pauses {sum(r['gc_seconds_while_timed']):.3f} s)", flush=True)
+
+
+@contextlib.contextmanager
+def gc_watch():
+    """Python's garbage collector's pauses while timing: a full collection over the compiler's millions of
+    objects can stall decoding for a long time. Yields a list whose entries become the pauses by generation."""
+    pauses = [0.0, 0.0, 0.0]
+    began = [0.0]
+
+    def callback(phase, info):
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            pauses[info["generation"]] += time.perf_counter() - began[0]
+
+    gc.callbacks.append(callback)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(callback)
+
+
+def replay_cost(runner, trace_dir: Path | None = None, replays: int = 16) -> None:
     """For each recorded burst round of ``runner``: the host's time to issue ``replays`` replays against the
     GPU's time to run them. A host that needs as long to launch a round as the GPU to run it leaves the GPU
-    idle. Each replay starts from the same saved state, so no cache fills up."""
-    for burst in runner.bursts.values():
-        key = (type(burst).__name__, id(burst))
+    idle. Each replay starts from the same saved state, so no cache fills up. Then the same replays under the
+    profiler: kernels per round, their summed time, and the idle gaps between them inside the graph; with
+    ``trace_dir``, one round's kernels in order (name, µs, gap before) go to a text file there."""
+    from torch.profiler import ProfilerActivity, profile
+
+    recorded = [((type(b).__name__, id(b)), b.numbers.tensor, slice(4, 6), f"{type(b).__name__} (width {b.width})",
+                 f"{type(b).__name__}_w{b.width}_{getattr(b, 'nodes', b.width)}") for b in runner.bursts.values()]
+    recorded.append(("burst", runner._burst_numbers.tensor, slice(2, 3), "plain step", "plain"))
+    for key, state, restart, label, file_label in recorded:
         if key not in runner.graphs._graphs:
             continue
         graph = runner.graphs._graphs[key][0]
-        state = burst.numbers.tensor
         saved = state.clone()
+        saved[restart] = 0  # output offset and round index back to a burst's start (the last burst left them at its end)
+
+        def replay_all(state=state, saved=saved, graph=graph):
+            for _ in range(replays):
+                state.copy_(saved)
+                graph.replay()
+
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         host = time.perf_counter()
         start.record()
-        for _ in range(replays):
-            state.copy_(saved)
-            graph.replay()
+        replay_all()
         end.record()
         host = time.perf_counter() - host
         torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            replay_all()
+            torch.cuda.synchronize()
         state.copy_(saved)
-        print(f"    {key[0]} (width {burst.width}): host {host / replays * 1e3:.3f} ms to issue a round, "
-              f"GPU {start.elapsed_time(end) / replays:.3f} ms to run one")
+        kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+        busy = sum(e.time_range.elapsed_us() for e in kernels) / replays
+        span = (kernels[-1].time_range.end - kernels[0].time_range.start) / replays if kernels else 0.0
+        print(f"    {label}: host {host / replays * 1e3:.3f} ms to issue a round, GPU {start.elapsed_time(end) / replays:.3f} "
+              f"ms to run one; profiled: {len(kernels) / replays:.0f} kernels a round, busy {busy / 1e3:.3f} ms of "
+              f"{span / 1e3:.3f} ms", flush=True)
+        if trace_dir is not None and kernels:
+            per_round = len(kernels) // replays
+            one = kernels[per_round * (replays // 2): per_round * (replays // 2 + 1)]  # a middle round: warm
+            lines, last_end = [], one[0].time_range.start
+            for e in one:
+                lines.append(f"{e.time_range.elapsed_us():8.2f} {e.time_range.start - last_end:7.2f}  {e.name[:110]}")
+                last_end = e.time_range.end
+            trace = trace_dir / f"round_{file_label}.txt"
+            trace.write_text(f"# {label}: {per_round} kernels; columns: µs, idle µs before, kernel\n" + "\n".join(lines) + "\n")
 
 
 def kernel_table(device: torch.device, decode, rows: int = 12) -> None:
@@ -147,6 +203,7 @@ def main() -> None:
         static = lambda ids: hf_static(model, cache, ids.to(device), args.max_new_tokens, engine.stop_ids)  # noqa: E731
         # its steady state, not its compiler
         results["transformers static"] = measure(device, static, prompts, repeats=args.repeats)
+        say("transformers static", results["transformers static"])
     engine.target_runner.close()
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
         kind, _, extra = variant.partition("+")
@@ -173,11 +230,11 @@ def main() -> None:
             if label in taus:
                 accepted, rounds = map(sum, zip(*taus[label], strict=True))
                 results[name]["tau"] = 1 + accepted / rounds
-            print(f"{name}: {results[name]['tokens_per_second']:.1f} tok/s", flush=True)
+            say(name, results[name])
             if args.kernels:
                 kernel_table(device, lambda decode=decode: decode(prompts[0]))
         if args.kernels and device.type == "cuda":  # every burst round this variant recorded
-            replay_cost(engine.target_runner)
+            replay_cost(engine.target_runner, trace_dir=(args.out or RESULTS / "x").parent)
         engine.target_runner.close()
         del engine.target_runner, engine.draft_runner
         if device.type == "cuda":

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from eyas.drafter.model import Eagle3Drafter
 from eyas.engine.graphs import InputBuffer, StepGraphs
+from eyas.engine.topk import largest
 
 
 class DraftRunner:
@@ -101,8 +102,10 @@ class DraftRunner:
         prenorm = self.drafter.layer(hidden, token_ids, positions, attend)
         if not top_k:
             return prenorm, None, None
-        logprobs = torch.log_softmax(self.drafter.logits(prenorm)[0].float(), -1)
-        scores, ids = logprobs.topk(top_k, dim=-1)
+        logits = self.drafter.logits(prenorm)[0]
+        # the top-k of the logits is the top-k of the log-probabilities; only those k are normalised
+        best, ids = largest(logits, top_k)
+        scores = best.float() - torch.logsumexp(logits.float(), -1, keepdim=True)
         return prenorm, scores, ids
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

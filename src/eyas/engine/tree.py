@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.topk import largest
 
 
 @dataclass
@@ -98,7 +99,7 @@ def grow(hidden: torch.Tensor, scores: torch.Tensor, ids: torch.Tensor, d2t: tor
         proposed_ids.append(child_ids)
         proposed_scores.append(child_scores)
         proposed_parents.append(frontier.repeat_interleave(top_k))
-        frontier_scores, best = child_scores.topk(top_k)
+        frontier_scores, best = (part[0] for part in largest(child_scores.view(1, -1), top_k))
         parent_rows = best // top_k  # which frontier node (= which just-written entry) each new node extends
         ancestors = window.index_select(0, parent_rows)  # a child sees what its parent saw, and its parent
         frontier = offset + best

@@ -1,0 +1,77 @@
+"""The drafter's top-k: the Triton kernels (run here by Triton's CPU interpreter) and the scores it yields."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from eyas.engine.topk import largest
+from test_engine_greedy import runners
+from zoo import ARCHITECTURES
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# Runs in a fresh interpreter: TRITON_INTERPRET must be set before the kernels are defined.
+KERNEL_CHECK = textwrap.dedent("""
+    import torch
+    from eyas.engine.topk import _top_k_triton
+
+    gen = torch.Generator().manual_seed(0)
+    for rows, n, k, dtype in [(3, 2500, 8, torch.float32), (2, 3000, 1, torch.bfloat16), (1, 64, 8, torch.float32),
+                              (4, 100, 10, torch.bfloat16), (2, 7, 7, torch.float32), (1, 1025, 16, torch.float32)]:
+        x = torch.randn(rows, n, generator=gen).to(dtype)
+        values, indices = _top_k_triton(x, k)
+        expected = x.float().topk(k, dim=-1).values
+        assert values.dtype == dtype and indices.dtype == torch.int64, (values.dtype, indices.dtype)
+        assert torch.equal(values.float(), expected), (rows, n, k, dtype)
+        assert torch.equal(x.gather(1, indices).float(), expected), (rows, n, k, dtype)
+        tied = values[:, 1:] == values[:, :-1]
+        assert bool(((indices[:, 1:] > indices[:, :-1]) | ~tied).all()), "equal values must come in index order"
+    # ties across blocks, a row of -inf but one entry, and k = the whole row
+    x = torch.zeros(3, 3000)
+    x[0, 2500] = 1.0
+    x[1] = float("-inf")
+    x[1, 2999] = 3.0
+    x[2, :4] = torch.tensor([1.0, 2.0, 2.0, 0.5])
+    values, indices = _top_k_triton(x, 4)
+    assert indices.tolist() == [[2500, 0, 1, 2], [2999, 0, 1, 2], [1, 2, 0, 3]], indices.tolist()
+    assert values[1].tolist() == [3.0] + [float("-inf")] * 3
+    print("kernels ok")
+""")
+
+
+def test_the_triton_kernels_find_the_largest_entries_in_order():
+    import triton  # noqa: F401 — fails loudly where the test dependency is missing
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result = subprocess.run([sys.executable, "-c", KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "kernels ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_largest_is_the_top_k_off_the_gpu_and_refuses_bad_shapes():
+    x = torch.randn(5, 300, generator=torch.Generator().manual_seed(1))
+    values, indices = largest(x, 6)
+    assert torch.equal(values, x.topk(6, dim=-1).values) and torch.equal(x.gather(1, indices), values)
+    with pytest.raises(ValueError, match="at least k = 301 columns"):
+        largest(x, 301)
+    with pytest.raises(ValueError, match="2-D"):
+        largest(x[0], 3)
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_drafter_scores_are_the_log_probabilities_of_its_best_proposals(static_shapes):
+    """The drafter normalises only its k best logits (logits − logsumexp): the scores must be exactly the
+    log-softmax at the ids it proposes, and those ids its k most probable."""
+    model = ARCHITECTURES["llama"][0]()
+    _, drafter = runners(model, static_shapes=static_shapes)
+    gen = torch.Generator().manual_seed(4)
+    aux = torch.randn(1, 5, drafter.drafter.config.aux_width, generator=gen)
+    tokens = torch.randint(0, 256, (1, 5), generator=gen)
+    prenorm, scores, ids = drafter.commit(aux, tokens, torch.arange(5).unsqueeze(0), top_k=4)
+    logprobs = torch.log_softmax(drafter.drafter.logits(prenorm)[0].float(), -1)
+    torch.testing.assert_close(scores, logprobs.gather(1, ids), rtol=0, atol=1e-5)
+    torch.testing.assert_close(scores, logprobs.topk(4, dim=-1).values, rtol=0, atol=1e-5)
