@@ -7,9 +7,9 @@ step of the demo target):
 - q/k/v are one matmul and gate/up another: the projection weights are concatenated once, and the
   HF modules' weights become views into the concatenation (no second copy; the model is unchanged
   for everyone else);
-- attention is HF's own (keys repeated per query head, then the same SDPA kernel): regrouping the
-  queries instead (G query heads as G·n rows of their key head) measured slower on the H200, where
-  it steers SDPA off the kernel HF's shapes get (BENCHMARKS.md);
+- attention, on a GPU, is :mod:`eyas.engine.attention`'s two Triton kernels (the query heads of a
+  key head as the rows of one tile, programs split across the cache); elsewhere HF's own (keys
+  repeated per query head, then SDPA);
 - the EAGLE-3 aux states are written straight into the runner's buffer (no hooks), and keys and
   values into the runner's slot cache.
 The prefill and any other architecture use the HF forward. ``tests/test_engine_lean.py`` pins the
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from eyas.engine.attention import attend
 from eyas.engine.kv import SlotCache
 from eyas.target.layout import TargetLayout
 
@@ -112,6 +113,9 @@ class LeanForward:
             q, k = attention.q_norm.forward(q), attention.k_norm.forward(k)
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         keys, values = self.cache.update(k, v.transpose(1, 2), layer_id)  # [1, kv_heads, capacity, d]
+        out = attend(q, keys, values, mask, attention.scaling)  # on a GPU: split across the cache, no head copies
+        if out is not None:
+            return attention.o_proj(out)
         group = heads // kv_heads
         if group > 1:  # as HF does: each key head repeated for its query heads (the same attention kernel runs)
             keys = keys[:, :, None].expand(batch, kv_heads, group, *keys.shape[2:]).reshape(batch, heads, *keys.shape[2:])

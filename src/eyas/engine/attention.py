@@ -1,0 +1,139 @@
+"""Decode-time attention over the static cache, split across the cache, in two Triton kernels.
+
+A verify step's attention is a few dozen queries against a few hundred cache slots: tiny work, all
+latency. SDPA's cuDNN kernel gives each query head one program that walks the whole cache (9
+programs for the demo target), after the key and value heads are copied once per query head, and the
+H200 spends ~15 µs a layer on it over 660 slots, with two copies and a memset around it
+(BENCHMARKS.md, the round's kernel trace). Here instead:
+
+- one program per (key head, block of 64 slots, tile of query rows): the queries of every query head
+  sharing that key head are the rows (no key or value copy), scored against the block with the
+  additive mask added, giving a partial output, its row maxima and row sums;
+- one program per (key head, tile of rows) merges the blocks' partials (the usual log-sum-exp
+  rescaling) and writes the output in the layout o_proj reads, [n, heads·head_dim].
+
+The mask is the engine's additive mask [n, slots], so any visibility works (committed prefix, chain,
+tree, sliding window). ``attend`` returns None where the kernels do not apply (no Triton, not CUDA, too
+many query rows, an odd head size); the caller then runs SDPA.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # Triton ships with CUDA builds of torch; the CPU build has none
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover — depends on the torch build
+    triton = None
+
+BLOCK_SLOTS = 64
+# Query rows (query heads per key head × tokens) per program, and per merging program. Measured on the
+# H200 (2026-11-30, BENCHMARKS.md): one tile of up to 128 rows beats SDPA (33 tokens: 17.0 vs 21.6 µs
+# over 660 slots) and one of 256 loses to it (61 tokens: 57.3 vs 21.5 µs); so up to 128 rows run here,
+# in one tile, and more go to SDPA. Smaller tiles (more programs, each with less work) are untimed.
+TILE_ROWS = 128
+MERGE_ROWS = 128
+MAX_ROWS = 128
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+           force: bool = False) -> torch.Tensor | None:
+    """q [1, H, n, d], keys/values [1, Hkv, S, d], mask additive [1, 1, n, S] → [1, n, H·d], or None
+    where the kernels do not apply. ``force``: run them off CUDA too (Triton's interpreter, the tests)."""
+    if triton is None or not (q.is_cuda or force) or not isinstance(mask, torch.Tensor):
+        return None
+    batch, heads, n, dim = q.shape
+    kv_heads, slots = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    tile = min(TILE_ROWS, max(16, triton.next_power_of_2(group * n)))  # tl.dot needs 16 rows at least
+    tiles = triton.cdiv(group * n, tile)
+    rows = tiles * tile
+    if (batch != 1 or rows > MAX_ROWS or dim not in (32, 64, 128) or mask.shape != (1, 1, n, slots)
+            or heads % kv_heads or keys.stride(-1) != 1 or values.stride() != keys.stride()):
+        return None
+    q = q.contiguous()
+    mask = mask[0, 0]
+    if mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    blocks = triton.cdiv(slots, BLOCK_SLOTS)
+    partial = torch.empty(kv_heads, blocks, rows, dim, dtype=torch.float32, device=q.device)
+    maxima = torch.empty(kv_heads, blocks, rows, dtype=torch.float32, device=q.device)
+    sums = torch.empty(kv_heads, blocks, rows, dtype=torch.float32, device=q.device)
+    _block_attention[(kv_heads, blocks, tiles)](
+        q, keys, values, mask, partial, maxima, sums, n, slots, rows, scale,
+        q.stride(1), q.stride(2), keys.stride(1), keys.stride(2), mask.stride(0),
+        GROUP=group, DIM=dim, TILE=tile, BLOCK=BLOCK_SLOTS, EXACT=q.dtype == torch.float32)
+    out = torch.empty(1, n, heads * dim, dtype=q.dtype, device=q.device)
+    merge = min(MERGE_ROWS, rows)
+    _merge_blocks[(kv_heads, triton.cdiv(rows, merge))](partial, maxima, sums, out, n, blocks, rows, GROUP=group,
+                                                        DIM=dim, TILE=merge, BLOCKS=triton.next_power_of_2(blocks))
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _block_attention(q_ptr, k_ptr, v_ptr, mask_ptr, partial_ptr, maxima_ptr, sums_ptr, n, slots, rows_all, scale,
+                         stride_qh, stride_qn, stride_kh, stride_ks, stride_mn,
+                         GROUP: tl.constexpr, DIM: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
+                         EXACT: tl.constexpr):
+        """Program (key head, block, tile): rows r = (query head kv·GROUP + r // n, token r % n) of the tile
+        against the block's slots → the unnormalised output, row maximum and row sum of exp(score − maximum)."""
+        kv, block = tl.program_id(0), tl.program_id(1)
+        rows = tl.program_id(2) * TILE + tl.arange(0, TILE)
+        row_ok = rows < GROUP * n
+        head, token = kv * GROUP + rows // n, rows % n
+        dims = tl.arange(0, DIM)
+        q = tl.load(q_ptr + head[:, None] * stride_qh + token[:, None] * stride_qn + dims[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        slot = block * BLOCK + tl.arange(0, BLOCK)
+        slot_ok = slot < slots
+        at = kv * stride_kh + slot[:, None] * stride_ks + dims[None, :]
+        k = tl.load(k_ptr + at, mask=slot_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + at, mask=slot_ok[:, None], other=0.0)
+        bias = tl.load(mask_ptr + token[:, None] * stride_mn + slot[None, :], mask=row_ok[:, None] & slot_ok[None, :],
+                       other=float("-inf")).to(tl.float32)
+        if EXACT:  # fp32 inputs: no TF32 rounding
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k)).to(tl.float32)
+        scores = scores * scale + bias
+        maximum = tl.max(scores, 1)
+        finite = tl.where(maximum == float("-inf"), 0.0, maximum)  # a padding row: every weight 0
+        weights = tl.exp(scores - finite[:, None])
+        if EXACT:
+            out = tl.dot(weights, v, input_precision="ieee")
+        else:
+            out = tl.dot(weights.to(v.dtype), v).to(tl.float32)
+        base = (kv * tl.num_programs(1) + block) * rows_all
+        tl.store(partial_ptr + (base + rows)[:, None] * DIM + dims[None, :], out)
+        tl.store(maxima_ptr + base + rows, maximum)
+        tl.store(sums_ptr + base + rows, tl.sum(weights, 1))
+
+    @triton.jit
+    def _merge_blocks(partial_ptr, maxima_ptr, sums_ptr, out_ptr, n, blocks, rows_all, GROUP: tl.constexpr,
+                      DIM: tl.constexpr, TILE: tl.constexpr, BLOCKS: tl.constexpr):
+        """Program (key head, tile of rows): every block's partial rescaled to the overall row maximum, summed
+        and normalised, written as out[token, head·DIM + d]."""
+        kv = tl.program_id(0)
+        rows = tl.program_id(1) * TILE + tl.arange(0, TILE)
+        row_ok = rows < GROUP * n
+        dims = tl.arange(0, DIM)
+        each = tl.arange(0, BLOCKS)
+        at = (kv * blocks + each)[:, None] * rows_all + rows[None, :]
+        maxima = tl.load(maxima_ptr + at, mask=(each < blocks)[:, None], other=float("-inf"))
+        overall = tl.max(maxima, 0)
+        overall = tl.where(overall == float("-inf"), 0.0, overall)
+        sums = tl.load(sums_ptr + at, mask=(each < blocks)[:, None], other=0.0)
+        total = tl.sum(sums * tl.exp(maxima - overall[None, :]), 0)
+        acc = tl.zeros((TILE, DIM), dtype=tl.float32)
+        for block in range(blocks):
+            base = (kv * blocks + block) * rows_all
+            weight = tl.exp(tl.load(maxima_ptr + base + rows) - overall)
+            acc += tl.load(partial_ptr + (base + rows)[:, None] * DIM + dims[None, :]) * weight[:, None]
+        head, token = kv * GROUP + rows // n, rows % n
+        out = acc / tl.where(row_ok, total, 1.0)[:, None]
+        heads = tl.num_programs(0) * GROUP
+        tl.store(out_ptr + token[:, None] * (heads * DIM) + head[:, None] * DIM + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])

@@ -1,0 +1,130 @@
+"""The engine's Triton kernels, run here by Triton's CPU interpreter (top-k, split-cache attention), and
+the drafter scores the top-k yields."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from eyas.engine.topk import largest
+from test_engine_greedy import runners
+from zoo import ARCHITECTURES
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# Each check runs in a fresh interpreter: TRITON_INTERPRET must be set before the kernels are defined.
+TOP_K_CHECK = textwrap.dedent("""
+    import torch
+    from eyas.engine.topk import _top_k_triton
+
+    gen = torch.Generator().manual_seed(0)
+    for rows, n, k, dtype in [(3, 2500, 8, torch.float32), (2, 3000, 1, torch.bfloat16), (1, 64, 8, torch.float32),
+                              (4, 100, 10, torch.bfloat16), (2, 7, 7, torch.float32), (1, 1025, 16, torch.float32)]:
+        x = torch.randn(rows, n, generator=gen).to(dtype)
+        values, indices = _top_k_triton(x, k)
+        expected = x.float().topk(k, dim=-1).values
+        assert values.dtype == dtype and indices.dtype == torch.int64, (values.dtype, indices.dtype)
+        assert torch.equal(values.float(), expected), (rows, n, k, dtype)
+        assert torch.equal(x.gather(1, indices).float(), expected), (rows, n, k, dtype)
+        tied = values[:, 1:] == values[:, :-1]
+        assert bool(((indices[:, 1:] > indices[:, :-1]) | ~tied).all()), "equal values must come in index order"
+    # ties across blocks, a row of -inf but one entry, and k = the whole row
+    x = torch.zeros(3, 3000)
+    x[0, 2500] = 1.0
+    x[1] = float("-inf")
+    x[1, 2999] = 3.0
+    x[2, :4] = torch.tensor([1.0, 2.0, 2.0, 0.5])
+    values, indices = _top_k_triton(x, 4)
+    assert indices.tolist() == [[2500, 0, 1, 2], [2999, 0, 1, 2], [1, 2, 0, 3]], indices.tolist()
+    assert values[1].tolist() == [3.0] + [float("-inf")] * 3
+    print("kernels ok")
+""")
+
+
+# The interpreter's bf16 matmul is broken (Triton 3.9), so the low-precision path is checked in fp16.
+ATTENTION_CHECK = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+    import eyas.engine.attention as kernels
+    from eyas.engine.attention import attend
+
+    gen = torch.Generator().manual_seed(0)
+    # the shipped tiling (one tile of ≤ 128 rows), then small tiles: up to 6 tiles of rows, 4 merging programs
+    for kernels.TILE_ROWS, kernels.MERGE_ROWS, kernels.MAX_ROWS in [(128, 128, 128), (32, 16, 512)]:
+      for heads, kv_heads, n, slots, dim, dtype, tolerance in [
+            (9, 3, 1, 200, 64, torch.float32, 1e-5), (9, 3, 6, 130, 64, torch.float32, 1e-5),
+            (4, 4, 33, 200, 32, torch.float32, 1e-5), (8, 2, 5, 64, 128, torch.float32, 1e-5),
+            (9, 3, 61, 300, 64, torch.float32, 1e-5), (9, 3, 33, 660, 64, torch.float16, 2e-3)]:
+          q = torch.randn(1, heads, n, dim, generator=gen).to(dtype)
+          keys = torch.randn(1, kv_heads, slots, dim, generator=gen).to(dtype)
+          values = torch.randn(1, kv_heads, slots, dim, generator=gen).to(dtype)
+          # a committed prefix, then a tree block (each token sees itself and some earlier ones), then unused slots
+          length = slots - n - 3
+          visible = torch.zeros(n, slots, dtype=torch.bool)
+          visible[:, :length] = True
+          visible[:, length:length + n] = (torch.rand(n, n, generator=gen) < 0.4).tril() | torch.eye(n, dtype=torch.bool)
+          mask = torch.zeros(n, slots, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)[None, None]
+          out = attend(q, keys, values, mask, dim ** -0.5, force=True)
+          if kernels.TILE_ROWS == 128 and heads // kv_heads * n > 128:
+              assert out is None, "past 128 query rows the shipped tiling leaves attention to SDPA"
+              continue
+          group = heads // kv_heads
+          expected = F.scaled_dot_product_attention(q.float(), keys.repeat_interleave(group, 1).float(),
+                                                    values.repeat_interleave(group, 1).float(), attn_mask=visible,
+                                                    scale=dim ** -0.5).transpose(1, 2).reshape(1, n, heads * dim)
+          assert out.shape == expected.shape and out.dtype == dtype, (out.shape, out.dtype)
+          error = (out.float() - expected).abs().max().item()
+          assert error < tolerance, (heads, kv_heads, n, slots, dim, dtype, error)
+    # where the kernels do not apply: the caller runs SDPA
+    q = torch.randn(1, 8, 100, 64)
+    assert attend(q, torch.randn(1, 1, 150, 64), torch.randn(1, 1, 150, 64), torch.zeros(1, 1, 100, 150), 0.1, force=True) is None
+    assert attend(q, torch.randn(1, 8, 150, 64), torch.randn(1, 8, 150, 64), torch.zeros(1, 1, 100, 150), 0.1) is None
+    print("kernels ok")
+""")
+
+
+def interpret(check: str) -> None:
+    import triton  # noqa: F401 — a test dependency (pyproject): fails loudly where it is missing
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "kernels ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_the_top_k_kernels_find_the_largest_entries_in_order():
+    interpret(TOP_K_CHECK)
+
+
+def test_the_attention_kernels_equal_sdpa_for_any_mask_and_head_grouping():
+    """Grouped query heads (9 over 3 key heads, 8 over 2), one key head per query head, 1 to 61 tokens (1 to
+    6 tiles of query rows), head sizes 32 to 128, caches of 1 to 11 blocks with a partial last one, a tree mask."""
+    interpret(ATTENTION_CHECK)
+
+
+def test_largest_is_the_top_k_off_the_gpu_and_refuses_bad_shapes():
+    x = torch.randn(5, 300, generator=torch.Generator().manual_seed(1))
+    values, indices = largest(x, 6)
+    assert torch.equal(values, x.topk(6, dim=-1).values) and torch.equal(x.gather(1, indices), values)
+    with pytest.raises(ValueError, match="at least k = 301 columns"):
+        largest(x, 301)
+    with pytest.raises(ValueError, match="2-D"):
+        largest(x[0], 3)
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_drafter_scores_are_the_log_probabilities_of_its_best_proposals(static_shapes):
+    """The drafter normalises only its k best logits (logits − logsumexp): the scores must be exactly the
+    log-softmax at the ids it proposes, and those ids its k most probable."""
+    model = ARCHITECTURES["llama"][0]()
+    _, drafter = runners(model, static_shapes=static_shapes)
+    gen = torch.Generator().manual_seed(4)
+    aux = torch.randn(1, 5, drafter.drafter.config.aux_width, generator=gen)
+    tokens = torch.randint(0, 256, (1, 5), generator=gen)
+    prenorm, scores, ids = drafter.commit(aux, tokens, torch.arange(5).unsqueeze(0), top_k=4)
+    logprobs = torch.log_softmax(drafter.drafter.logits(prenorm)[0].float(), -1)
+    torch.testing.assert_close(scores, logprobs.gather(1, ids), rtol=0, atol=1e-5)
+    torch.testing.assert_close(scores, logprobs.topk(4, dim=-1).values, rtol=0, atol=1e-5)
