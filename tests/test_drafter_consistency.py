@@ -98,3 +98,25 @@ def test_the_engine_drafts_what_training_trains(static_shapes):
             _, expected = greedy_chain(drafter, aux[:, :end], tokens[:, :end], 4)
         assert drafted.tolist() == torch.stack(expected, dim=1)[0].tolist(), f"after {end} committed states"
         start = end
+
+
+def test_fused_projections_compute_the_layer_training_computes():
+    """The engine's q/k/v and gate/up as one matmul each (a copy of the weights): the layer's output equals
+    the separate projections', with grouped key heads; a projection with a bias is never fused."""
+    config = tiny_config()
+    drafter = random_drafter(config)
+    assert config.num_key_value_heads < config.num_attention_heads  # the split widths differ
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(2, 6, config.hidden_size, generator=gen)
+    ids = torch.randint(0, config.vocab_size, (2, 6), generator=gen)
+    positions = torch.arange(6).expand(2, 6)
+
+    def attend(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    fused = drafter.fused_projections()
+    with torch.no_grad():
+        torch.testing.assert_close(drafter.layer(hidden, ids, positions, attend, fused),
+                                   drafter.layer(hidden, ids, positions, attend), rtol=1e-5, atol=1e-5)
+    drafter.midlayer.mlp.up_proj.bias = torch.nn.Parameter(torch.zeros(config.intermediate_size))
+    assert drafter.fused_projections() is None

@@ -14,8 +14,10 @@ Attention itself is passed in as a function, because training (training-time tes
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
@@ -23,6 +25,13 @@ from eyas.drafter.config import DrafterConfig
 
 # attend(q [B, h, n, d], k_new [B, h, n, d], v_new [B, h, n, d]) → [B, h, n, d]; key/value heads already expanded
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class FusedProjections(NamedTuple):
+    """Decoding's projections as one matmul each: q/k/v's weights concatenated, gate/up's concatenated."""
+
+    qkv: torch.Tensor
+    gate_up: torch.Tensor
 
 
 class DrafterAttention(nn.Module):
@@ -37,11 +46,17 @@ class DrafterAttention(nn.Module):
         self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
+                qkv_weight: torch.Tensor | None = None) -> torch.Tensor:
         batch, tokens, _ = x.shape
-        q = self.q_proj(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        if qkv_weight is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:  # decoding: q/k/v's weights concatenated (FusedProjections), one matmul
+            widths = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+            q, k, v = F.linear(x, qkv_weight).split(widths, dim=-1)
+        q = q.view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         repeat = self.heads // self.kv_heads
         if repeat > 1:
@@ -63,12 +78,16 @@ class DrafterLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = LlamaMLP(llama)
 
-    def forward(self, embeds, hidden, cos, sin, attend: Attend) -> torch.Tensor:
+    def forward(self, embeds, hidden, cos, sin, attend: Attend, fused: FusedProjections | None = None) -> torch.Tensor:
         normed = self.hidden_norm(hidden)
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         residual = normed if self.norm_before_residual else hidden  # eyas' own drafters: the un-normed hidden
-        hidden = residual + self.self_attn(x, cos, sin, attend)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden = residual + self.self_attn(x, cos, sin, attend, None if fused is None else fused.qkv)
+        x = self.post_attention_layernorm(hidden)
+        if fused is None:
+            return hidden + self.mlp(x)
+        gate, up = F.linear(x, fused.gate_up).chunk(2, dim=-1)
+        return hidden + self.mlp.down_proj(self.mlp.act_fn(gate) * up)
 
 
 class Eagle3Drafter(nn.Module):
@@ -102,11 +121,24 @@ class Eagle3Drafter(nn.Module):
         with torch.no_grad():
             self.embed_tokens.weight.copy_(weight.to(self.embed_tokens.weight.dtype))
 
-    def layer(self, hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """One pass of the layer: returns the pre-norm output (the next step's hidden)."""
+    def layer(self, hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
+              fused: FusedProjections | None = None) -> torch.Tensor:
+        """One pass of the layer: returns the pre-norm output (the next step's hidden). ``fused``
+        (:meth:`fused_projections`, decoding): the same arithmetic with two matmuls fewer."""
         embeds = self.embed_tokens(token_ids).to(hidden.dtype)
         cos, sin = self.rotary(hidden, positions)
-        return self.midlayer(embeds, hidden, cos, sin, attend)
+        return self.midlayer(embeds, hidden, cos, sin, attend, fused)
+
+    def fused_projections(self) -> FusedProjections | None:
+        """For decoding: copies of q/k/v's weights concatenated and of gate/up's (a snapshot of the current
+        weights), or None when a projection has a bias."""
+        attention, mlp = self.midlayer.self_attn, self.midlayer.mlp
+        linears = (attention.q_proj, attention.k_proj, attention.v_proj, mlp.gate_proj, mlp.up_proj)
+        if any(m.bias is not None for m in linears):
+            return None
+        with torch.no_grad():
+            return FusedProjections(qkv=torch.cat([m.weight for m in linears[:3]]),
+                                    gate_up=torch.cat([m.weight for m in linears[3:]]))
 
     def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of a pre-norm output."""

@@ -48,6 +48,7 @@ class DraftRunner:
         self._offsets: torch.Tensor | None = None  # the running step's [committed length, first new slot]
         self._inputs: dict[tuple, tuple[InputBuffer, ...]] = {}
         self._window: torch.Tensor | None = None  # the mask of the step being run [n, window]
+        self._fused = drafter.fused_projections()  # q/k/v and gate/up one matmul each: 3 kernels fewer a pass
         self.prepared_modes: set[str] = set()  # speculation modes whose round shapes are recorded (decode.py)
 
     def reset(self) -> None:
@@ -100,7 +101,7 @@ class DraftRunner:
 
     def _compute(self, x, token_ids, positions, top_k: int, from_target: bool, attend):
         hidden = self.drafter.fc(x.to(self.dtype)) if from_target else x
-        prenorm = self.drafter.layer(hidden, token_ids, positions, attend)
+        prenorm = self.drafter.layer(hidden, token_ids, positions, attend, self._fused)
         if not top_k:
             return prenorm, None, None
         logits = self.drafter.logits(prenorm)[0]
