@@ -9,7 +9,8 @@ gives tokens/s and τ, and the ratios the engine issue sets as targets (eyas pla
 static, eyas speculative vs eyas plain of the same variant). Variants of eyas' engine: ``eager``
 (no CUDA graphs), ``graphs`` (decoding steps replayed from CUDA graphs), ``compile`` (the target's
 steps fused by torch.compile, then recorded); ``+lean`` after either: Llama-family targets decode through
-eyas' lean forward (q/k/v and gate/up one matmul each). On a GPU, CUDA is synchronised around every
+eyas' lean forward (q/k/v and gate/up one matmul each); ``+serial``: greedy bursts one at a time, each read
+back before the next is queued (the engine pipelines them). On a GPU, CUDA is synchronised around every
 timed call. Every decoder (transformers' included) gets a cache of ``--capacity`` slots; by default
 what the run needs, as ``eyas bench`` and ``eyas generate`` size theirs: the longest prompt + the new
 tokens + the most draft tokens a round verifies + 1 (static-shape attention spans the whole cache). ``--kernels``: after the
@@ -38,6 +39,7 @@ from eyas.bench import load_engine
 from eyas.bench.prompts import mt_bench_questions, render
 from eyas.bench.run import parse_modes, timed
 from eyas.engine.decode import generate
+from eyas.engine.round_burst import RoundBurst
 from eyas.target.loading import load_target
 
 RESULTS = Path(__file__).with_name("results")
@@ -175,7 +177,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--modes", default="chain:5,tree:60,7,10")
-    parser.add_argument("--variants", default="graphs", help="comma-separated: eager, graphs, compile")
+    parser.add_argument("--variants", default="graphs", help="comma-separated: eager, graphs, compile, each optionally +lean, +serial")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' static-cache generate")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
@@ -206,11 +208,12 @@ def main() -> None:
         say("transformers static", results["transformers static"])
     engine.target_runner.close()
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
-        kind, _, extra = variant.partition("+")
-        if kind not in ("eager", "graphs", "compile") or extra not in ("", "lean"):
-            parser.error(f"unknown variant {variant!r}: eager, graphs or compile, each optionally +lean")
+        kind, *extras = variant.split("+")
+        if kind not in ("eager", "graphs", "compile") or not set(extras) <= {"lean", "serial"}:
+            parser.error(f"unknown variant {variant!r}: eager, graphs or compile, optionally +lean and +serial")
+        RoundBurst.pipelined = "serial" not in extras
         engine = load_engine(args.target, args.draft, capacity, args.device, dtype=dtype, target=engine.target,
-                             graphs=kind != "eager", compile=kind == "compile", lean=extra == "lean")
+                             graphs=kind != "eager", compile=kind == "compile", lean="lean" in extras)
         decoders = {"plain": lambda ids, engine=engine: generate(engine.target_runner, ids, args.max_new_tokens,
                                                                   stop_ids=engine.stop_ids).tokens}
         taus: dict[str, list] = {}

@@ -281,15 +281,25 @@ def test_bursts_run_whole_rounds_on_the_device_and_match_round_by_round(monkeypa
         # draft 0 first when unit 0 > 0; else 1 first, then ids of logit 0, and 0 last (out of a tree's top 3)
         drafter.lm_head.weight[0, 0], drafter.lm_head.weight[1, 0] = 1.0, -1.0
         drafter.d2t[0] = 0  # draft id 0 is target id 0 (accepted); every other draft id is another id (rejected)
-    runs = []
-    monkeypatch.setattr(RoundBurst, "run", lambda self, *a, _run=RoundBurst.run: runs.append(a[0]) or _run(self, *a))
+    runs, in_flight = [], []
+    monkeypatch.setattr(RoundBurst, "extend", lambda self, rounds, _extend=RoundBurst.extend: runs.append(rounds) or
+                        _extend(self, rounds))
+    monkeypatch.setattr(RoundBurst, "collect", lambda self, _collect=RoundBurst.collect: in_flight.append(
+        len(self._queued)) or _collect(self))
     prompt = prompt_of(11)
     results, drafters = {}, {}
     for static in (False, True):
         target = TargetRunner(model, layout, None, 160, static)
         drafters[static] = DraftRunner(drafter, 160, static_shapes=static)
         results[static] = generate(target, prompt, 60, drafters[static], speculation)
+    assert max(in_flight) == 2  # pipelined: the next burst was queued before the last one was read back
+    monkeypatch.setattr(RoundBurst, "pipelined", False)
+    in_flight.clear()
+    target = TargetRunner(model, layout, None, 160, True)
+    serial = generate(target, prompt, 60, DraftRunner(drafter, 160, static_shapes=True), speculation)
+    assert max(in_flight) == 1
     eager, burst = results[False], results[True]
+    assert (serial.tokens, serial.accepted) == (burst.tokens, burst.accepted)
     assert burst.tokens == eager.tokens == [0] * 60
     # The drafter committed the same states at the same slots (a burst may run past the end: compare the common part).
     committed = drafters[False].length

@@ -179,11 +179,18 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
         # With static shapes, greedy rounds run on the device in bursts; the host replays each one's outcome in
         # order, so output and τ are the round-by-round ones. Host-driven rounds finish what no burst fits.
         while burst is not None and (rounds := burst.rounds_that_fit(max_new_tokens - len(result.tokens))) > 0:
-            outcome = burst.run(rounds, pending_aux, new, pending_positions[0].tolist(), token)
-            for accepted, new in outcome:
-                result.accepted.append(accepted)
-                if emit(new):
-                    return result
+            burst.start(rounds, pending_aux, new, pending_positions[0].tolist(), token)
+            while True:
+                # the next burst is queued before this one is read back (each round emits a token at least)
+                more = burst.rounds_that_fit(max_new_tokens - len(result.tokens) - burst.queued_rounds)
+                if more > 0 and burst.pipelined:
+                    burst.extend(more)
+                for accepted, new in burst.collect():
+                    result.accepted.append(accepted)
+                    if emit(new):
+                        return result
+                if not burst.queued_rounds:
+                    break
             token, end = new[-1], target.length
             pending_aux = burst.aux[:, : len(new)]
             pending_tokens = torch.tensor([new])
