@@ -14,7 +14,7 @@ H200 spends ~15 µs a layer on it over 660 slots, with two copies and a memset a
 
 The mask is the engine's additive mask [n, slots], so any visibility works (committed prefix, chain,
 tree, sliding window). ``attend`` returns None where the kernels do not apply (no Triton, not CUDA, too
-many query rows, an odd head size); the caller then runs SDPA.
+many query rows, an odd head size, a GPU older than compute capability 8.0); the caller then runs SDPA.
 """
 
 from __future__ import annotations
@@ -37,11 +37,18 @@ MERGE_ROWS = 128
 MAX_ROWS = 128
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
-           force: bool = False) -> torch.Tensor | None:
+def kernels_available(device: torch.device) -> bool:
+    """Whether :func:`attend` runs on ``device``: Triton is installed and the GPU has bf16 matmuls (compute
+    capability 8.0 or newer). Asked once, when a runner is built: not from inside a compiled step."""
+    return triton is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+           ) -> torch.Tensor | None:
     """q [1, H, n, d], keys/values [1, Hkv, S, d], mask additive [1, 1, n, S] → [1, n, H·d], or None
-    where the kernels do not apply. ``force``: run them off CUDA too (Triton's interpreter, the tests)."""
-    if triton is None or not (q.is_cuda or force) or not isinstance(mask, torch.Tensor):
+    where the kernels do not apply (the caller has checked :func:`kernels_available`; on the CPU only
+    Triton's interpreter runs them, in the tests)."""
+    if triton is None or not isinstance(mask, torch.Tensor):
         return None
     batch, heads, n, dim = q.shape
     kv_heads, slots = keys.shape[1], keys.shape[2]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from eyas.drafter.model import Eagle3Drafter
-from eyas.engine.attention import attend
+from eyas.engine.attention import attend, kernels_available
 from eyas.engine.graphs import InputBuffer, StepGraphs
 from eyas.engine.topk import largest
 
@@ -49,6 +49,7 @@ class DraftRunner:
         self._inputs: dict[tuple, tuple[InputBuffer, ...]] = {}
         self._window: torch.Tensor | None = None  # the mask of the step being run [n, window]
         self._fused = drafter.fused_projections()  # q/k/v and gate/up one matmul each: 3 kernels fewer a pass
+        self._kernels = kernels_available(self.device)
         self.prepared_modes: set[str] = set()  # speculation modes whose round shapes are recorded (decode.py)
 
     def reset(self) -> None:
@@ -147,7 +148,7 @@ class DraftRunner:
         relative = self._slot_index - offsets[0]  # slot's place in the window (negative: committed)
         in_window = (relative >= 0) & (relative < width)
         visible = (relative < 0) | (self._window[:, relative.clamp(0, width - 1)] & in_window)
-        if q.is_cuda:  # the split-cache kernels (eyas.engine.attention) take an additive mask
+        if self._kernels:  # the split-cache kernels (eyas.engine.attention) take an additive mask
             additive = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(~visible, torch.finfo(q.dtype).min)
             out = attend(q, self.keys, self.values, additive[None, None], q.shape[-1] ** -0.5)
             if out is not None:

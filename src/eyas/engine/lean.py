@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from eyas.engine.attention import attend
+from eyas.engine.attention import attend, kernels_available
 from eyas.engine.kv import SlotCache
 from eyas.target.layout import TargetLayout
 
@@ -74,6 +74,7 @@ class LeanForward:
     def __init__(self, model: nn.Module, layout: TargetLayout, cache: SlotCache, layer_ids: list[int]):
         self.layout, self.cache, self.layer_ids = layout, cache, list(layer_ids)
         self.rotary = _rotary(model, layout)
+        self.kernels = kernels_available(layout.embed.weight.device)  # eyas.engine.attention's, on a recent GPU
         self.layers = []
         for layer in layout.layers:
             attention, mlp = layer.self_attn, layer.mlp
@@ -113,7 +114,7 @@ class LeanForward:
             q, k = attention.q_norm.forward(q), attention.k_norm.forward(k)
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         keys, values = self.cache.update(k, v.transpose(1, 2), layer_id)  # [1, kv_heads, capacity, d]
-        out = attend(q, keys, values, mask, attention.scaling)  # on a GPU: split across the cache, no head copies
+        out = attend(q, keys, values, mask, attention.scaling) if self.kernels else None  # split across the cache
         if out is not None:
             return attention.o_proj(out)
         group = heads // kv_heads
