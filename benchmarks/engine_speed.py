@@ -112,7 +112,7 @@ def replay_cost(runner, trace_dir: Path | None = None, replays: int = 16) -> Non
     ``trace_dir``, one round's kernels in order (name, µs, gap before) go to a text file there."""
     from torch.profiler import ProfilerActivity, profile
 
-    recorded = [((type(b).__name__, id(b)), b.numbers.tensor, slice(4, 6), f"{type(b).__name__} (width {b.width})",
+    recorded = [(b._key(), b.numbers.tensor, slice(4, 6), f"{type(b).__name__} (width {b.width})",
                  f"{type(b).__name__}_w{b.width}_{getattr(b, 'nodes', b.width)}") for b in runner.bursts.values()]
     recorded.append(("burst", runner._burst_numbers.tensor, slice(2, 3), "plain step", "plain"))
     for key, state, restart, label, file_label in recorded:

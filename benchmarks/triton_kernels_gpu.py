@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from eyas.engine.attention import attend
+from eyas.engine.attention import additive_mask, attend
 from eyas.engine.topk import largest
 
 
@@ -54,31 +54,37 @@ def check_top_k(device) -> int:
     return fails
 
 
-def check_attention(device) -> int:
-    fails, dim = 0, 64
+def attention_case(device, heads: int, kv_heads: int, n: int, slots: int, dim: int = 64):
+    """Random bf16 queries and cache, a committed prefix then a tree block then 5 unused slots → (q, keys,
+    values, additive mask, the fp32 reference output [1, n, heads·dim], the repeated-heads SDPA step)."""
+    group = heads // kv_heads
+    q = torch.randn(1, heads, n, dim, device=device, dtype=torch.bfloat16)
+    keys = torch.randn(1, kv_heads, slots, dim, device=device, dtype=torch.bfloat16)
+    values = torch.randn_like(keys)
+    length = slots - n - 5
+    visible = torch.zeros(n, slots, dtype=torch.bool, device=device)
+    visible[:, :length] = True
+    visible[:, length : length + n] = (torch.rand(n, n, device=device) < 0.4).tril() | torch.eye(
+        n, dtype=torch.bool, device=device)
+    mask = additive_mask(visible, torch.bfloat16)
+    expected = F.scaled_dot_product_attention(
+        q.float(), keys.repeat_interleave(group, 1).float(), values.repeat_interleave(group, 1).float(),
+        attn_mask=visible, scale=dim**-0.5).transpose(1, 2).reshape(1, n, -1)
+
+    def repeated_sdpa():
+        k = keys[:, :, None].expand(1, kv_heads, group, slots, dim).reshape(1, heads, slots, dim)
+        v = values[:, :, None].expand(1, kv_heads, group, slots, dim).reshape(1, heads, slots, dim)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=dim**-0.5)
+        return out.transpose(1, 2).reshape(1, n, -1)
+
+    return q, keys, values, mask, expected, repeated_sdpa
+
+
+def check_attention(device, dim: int = 64) -> int:
+    fails = 0
     for heads, kv_heads, n, slots in [(9, 3, 1, 660), (9, 3, 33, 660), (9, 3, 61, 660), (9, 3, 6, 660), (9, 9, 8, 676),
                                       (9, 3, 33, 2048), (9, 3, 1, 182)]:
-        group = heads // kv_heads
-        q = torch.randn(1, heads, n, dim, device=device, dtype=torch.bfloat16)
-        keys = torch.randn(1, kv_heads, slots, dim, device=device, dtype=torch.bfloat16)
-        values = torch.randn_like(keys)
-        length = slots - n - 5
-        visible = torch.zeros(n, slots, dtype=torch.bool, device=device)
-        visible[:, :length] = True
-        tree = (torch.rand(n, n, device=device) < 0.4).tril() | torch.eye(n, dtype=torch.bool, device=device)
-        visible[:, length : length + n] = tree
-        mask = torch.zeros(n, slots, device=device, dtype=torch.bfloat16).masked_fill(~visible, torch.finfo(torch.bfloat16).min)
-        mask = mask[None, None]
-        expected = F.scaled_dot_product_attention(
-            q.float(), keys.repeat_interleave(group, 1).float(), values.repeat_interleave(group, 1).float(),
-            attn_mask=visible, scale=dim**-0.5).transpose(1, 2).reshape(1, n, -1)
-
-        def repeated_sdpa(q=q, keys=keys, values=values, mask=mask, group=group, heads=heads, kv_heads=kv_heads,
-                          slots=slots, n=n):
-            k = keys[:, :, None].expand(1, kv_heads, group, slots, dim).reshape(1, heads, slots, dim)
-            v = values[:, :, None].expand(1, kv_heads, group, slots, dim).reshape(1, heads, slots, dim)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=dim**-0.5)
-            return out.transpose(1, 2).reshape(1, n, -1)
+        q, keys, values, mask, expected, repeated_sdpa = attention_case(device, heads, kv_heads, n, slots, dim)
 
         def split(q=q, keys=keys, values=values, mask=mask):
             return attend(q, keys, values, mask, dim**-0.5)

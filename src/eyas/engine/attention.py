@@ -37,6 +37,14 @@ MERGE_ROWS = 128
 MAX_ROWS = 128
 
 
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``visible`` [n, S] bool → the additive mask [1, 1, n, S] SDPA and :func:`attend` read: 0 where a
+    query sees a slot, the dtype's lowest value where not."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
 def kernels_available(device: torch.device) -> bool:
     """Whether :func:`attend` runs on ``device``: Triton is installed and the GPU has bf16 matmuls (compute
     capability 8.0 or newer). Asked once, when a runner is built: not from inside a compiled step."""

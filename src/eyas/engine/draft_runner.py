@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from eyas.drafter.model import Eagle3Drafter
-from eyas.engine.attention import attend, kernels_available
+from eyas.engine.attention import additive_mask, attend, kernels_available
 from eyas.engine.graphs import InputBuffer, StepGraphs
 from eyas.engine.topk import largest
 
@@ -149,8 +149,7 @@ class DraftRunner:
         in_window = (relative >= 0) & (relative < width)
         visible = (relative < 0) | (self._window[:, relative.clamp(0, width - 1)] & in_window)
         if self._kernels:  # the split-cache kernels (eyas.engine.attention) take an additive mask
-            additive = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(~visible, torch.finfo(q.dtype).min)
-            out = attend(q, self.keys, self.values, additive[None, None], q.shape[-1] ** -0.5)
+            out = attend(q, self.keys, self.values, additive_mask(visible, q.dtype), q.shape[-1] ** -0.5)
             if out is not None:
                 return out.view(1, n, -1, q.shape[-1]).transpose(1, 2)
         return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=visible)

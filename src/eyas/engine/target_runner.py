@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from eyas.engine.attention import additive_mask
 from eyas.engine.graphs import InputBuffer, StepGraphs
 from eyas.engine.kv import SlotCache
 from eyas.engine.lean import LeanForward, lean_support
@@ -308,6 +309,4 @@ class TargetRunner:
         return {"full_attention": self._additive(visible), "sliding_attention": self._additive(visible & near)}
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        return mask[None, None]
+        return additive_mask(visible, self.dtype)
