@@ -38,6 +38,7 @@ from transformers import StaticCache
 from eyas.bench import load_engine
 from eyas.bench.prompts import mt_bench_questions, render
 from eyas.bench.run import parse_modes, timed
+from eyas.engine import attention
 from eyas.engine.decode import generate
 from eyas.engine.round_burst import RoundBurst
 from eyas.target.loading import load_target
@@ -80,7 +81,8 @@ def measure(device: torch.device, decode, prompts: list[torch.Tensor], after_war
 
 def say(name: str, r: dict) -> None:
     repeats = ", ".join(f"{x:.1f}" for x in r["repeat_tokens_per_second"])
-    print(f"{name}: {r['tokens_per_second']:.1f} tok/s (repeats {repeats}; slowest prompt "
+    tau = f", τ {r['tau']:.2f}" if "tau" in r else ""
+    print(f"{name}: {r['tokens_per_second']:.1f} tok/s{tau} (repeats {repeats}; slowest prompt "
           f"{max(p['seconds'] for p in r['per_prompt']):.3f} s; gc pauses {sum(r['gc_seconds_while_timed']):.3f} s)", flush=True)
 
 
@@ -113,14 +115,21 @@ def replay_cost(runner, trace_dir: Path | None = None, replays: int = 16) -> Non
     from torch.profiler import ProfilerActivity, profile
 
     recorded = [(b._key(), b.numbers.tensor, slice(4, 6), f"{type(b).__name__} (width {b.width})",
-                 f"{type(b).__name__}_w{b.width}_{getattr(b, 'nodes', b.width)}") for b in runner.bursts.values()]
-    recorded.append(("burst", runner._burst_numbers.tensor, slice(2, 3), "plain step", "plain"))
-    for key, state, restart, label, file_label in recorded:
+                 f"{type(b).__name__}_w{b.width}_{getattr(b, 'nodes', b.width)}", b) for b in runner.bursts.values()]
+    recorded.append(("burst", runner._burst_numbers.tensor, slice(2, 3), "plain step", "plain", None))
+    for key, state, restart, label, file_label, burst in recorded:
         if key not in runner.graphs._graphs:
             continue
         graph = runner.graphs._graphs[key][0]
         saved = state.clone()
         saved[restart] = 0  # output offset and round index back to a burst's start (the last burst left them at its end)
+        if burst is not None:
+            # A pipelined burst may have ended where one more round no longer fits the cache (the decode loop
+            # queues only rounds that fit): replay from a few rounds earlier, every length and position moved
+            # back alike, over cache slots the same answer filled.
+            back = min(burst.width + burst.target_writes, int(saved[0]), int(saved[1]))
+            saved[0:2] -= back
+            saved[6 + burst.width : 6 + 2 * burst.width] -= back
 
         def replay_all(state=state, saved=saved, graph=graph):
             for _ in range(replays):
@@ -184,8 +193,14 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=None, help="cache slots of every decoder (default: what the run needs)")
     parser.add_argument("--repeats", type=int, default=1, help="time every prompt this many times; report the median")
     parser.add_argument("--kernels", action="store_true", help="profile each decoder's first prompt once more")
+    parser.add_argument("--attention-tiles", default=None, metavar="TILE/MERGE",
+                        help="query rows per program of eyas.engine.attention's block and merge kernels (e.g. 32/32); "
+                             "trees of up to 512 rows then run the kernels (default: the module's constants)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.attention_tiles:
+        tile, merge = (int(x) for x in args.attention_tiles.split("/"))
+        attention.TILE_ROWS, attention.MERGE_ROWS, attention.MAX_ROWS = tile, merge, 512
 
     modes = parse_modes(args.modes)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: None}[args.dtype]
@@ -236,6 +251,7 @@ def main() -> None:
             say(name, results[name])
             if args.kernels:
                 kernel_table(device, lambda decode=decode: decode(prompts[0]))
+        write_results(args.out, device, results)
         if args.kernels and device.type == "cuda":  # every burst round this variant recorded
             replay_cost(engine.target_runner, trace_dir=(args.out or RESULTS / "x").parent)
         engine.target_runner.close()
@@ -254,12 +270,19 @@ def main() -> None:
         vs_hf = f"{r['vs_transformers_static']:5.2f}× transformers static" if hf is not None else ""
         print(f"{name:<28} {r['tokens_per_second']:8.1f} tok/s  {r['vs_variant_plain']:5.2f}× its plain  {vs_hf}  "
               f"{tau:<8} same output as {first}: {r['same_as_eyas_plain']}/{len(prompts)}")
+    print(f"wrote {write_results(args.out, device, results)}")
+
+
+def write_results(out: Path | None, device: torch.device, results: dict) -> Path:
+    """The run's JSON, rewritten whole after every variant: a crash later in the run keeps what was timed."""
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    out = args.out or RESULTS / f"engine_speed_{machine.replace(' ', '_')}_{datetime.date.today()}.json"
+    out = out or RESULTS / f"engine_speed_{machine.replace(' ', '_')}_{datetime.date.today()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(sys.argv), "machine": machine, "date": str(datetime.date.today()),
-                               "torch": torch.__version__, "results": results}, indent=1))
-    print(f"wrote {out}")
+    partial = out.with_suffix(".tmp")
+    partial.write_text(json.dumps({"command": " ".join(sys.argv), "machine": machine, "date": str(datetime.date.today()),
+                                   "torch": torch.__version__, "results": results}, indent=1))
+    partial.replace(out)
+    return out
 
 
 if __name__ == "__main__":

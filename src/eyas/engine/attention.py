@@ -29,12 +29,14 @@ except ImportError:  # pragma: no cover — depends on the torch build
 
 BLOCK_SLOTS = 64
 # Query rows (query heads per key head × tokens) per program, and per merging program. Measured on the
-# H200 (2026-11-30, BENCHMARKS.md): one tile of up to 128 rows beats SDPA (33 tokens: 17.0 vs 21.6 µs
-# over 660 slots) and one of 256 loses to it (61 tokens: 57.3 vs 21.5 µs); so up to 128 rows run here,
-# in one tile, and more go to SDPA. Smaller tiles (more programs, each with less work) are untimed.
-TILE_ROWS = 128
-MERGE_ROWS = 128
-MAX_ROWS = 128
+# H200 (2026-11-30, benchmarks/attention_tiles_gpu.py, BENCHMARKS.md), 648 slots, 9 query / 3 key heads:
+# tiles of 64 rows merged 16 rows a program took 7.4 / 7.5 / 7.7 µs for 33 / 49 / 61 tokens, against
+# 8.9–10.0 µs for one tile of 128 and ~24.7 µs for SDPA; the merge was the slow half (it loops over every
+# block, so more programs with fewer rows each win). Up to 192 rows (61 tokens of a 3-query-head group,
+# the most measured) run here; more go to SDPA.
+TILE_ROWS = 64
+MERGE_ROWS = 16
+MAX_ROWS = 192
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
