@@ -115,7 +115,9 @@ if triton is not None:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             scores = tl.dot(q, tl.trans(k)).to(tl.float32)
-        scores = scores * scale + bias
+        # torch.compile hands a Python float to a user kernel as fp64 (Triton's own launcher, as fp32): held
+        # in fp64, the scale would turn the scores and weights fp64, and the fp32 dot below refuses them
+        scores = scores * tl.cast(scale, tl.float32) + bias
         maximum = tl.max(scores, 1)
         finite = tl.where(maximum == float("-inf"), 0.0, maximum)  # a padding row: every weight 0
         weights = tl.exp(scores - finite[:, None])
