@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
+from eyas.capture.stage import CaptureOptions, capture
 from eyas.data.samples import batch_inputs, read_samples
-from eyas.store.capture_stage import CaptureOptions, capture
 from eyas.store.plan import plan_shards
 from eyas.target import capture_hidden_states, load_target
 

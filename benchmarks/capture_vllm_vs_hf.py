@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyas.store.vllm_engine import capture_with_vllm, load_worker_states, worker_layer_ids
+from eyas.capture.vllm_client import capture_with_vllm, load_worker_states, worker_layer_ids
 from eyas.target import capture_hidden_states, load_target
 
 LAYER_IDS = (2, 15, 27)

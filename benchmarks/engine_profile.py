@@ -20,10 +20,10 @@ from collections import defaultdict
 import torch
 
 import eyas.engine.decode as decode
-from eyas.bench import load_engine
-from eyas.bench.prompts import mt_bench_questions, render
 from eyas.bench.run import parse_mode, timed
+from eyas.data.benchmarks import mt_bench_questions, render
 from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.loading import load_engine
 from eyas.engine.target_runner import TargetRunner
 from eyas.engine.verify import Sampling
 

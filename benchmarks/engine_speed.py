@@ -35,11 +35,11 @@ from pathlib import Path
 import torch
 from transformers import StaticCache
 
-from eyas.bench import load_engine
-from eyas.bench.prompts import mt_bench_questions, render
 from eyas.bench.run import parse_modes, timed
+from eyas.data.benchmarks import mt_bench_questions, render
 from eyas.engine import attention
 from eyas.engine.decode import generate
+from eyas.engine.loading import load_engine
 from eyas.engine.round_burst import RoundBurst
 from eyas.target.loading import load_target
 

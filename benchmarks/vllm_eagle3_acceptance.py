@@ -33,15 +33,15 @@ from pathlib import Path
 
 import torch
 
-from eyas.bench import stop_ids
-from eyas.bench.prompts import holdout_prompts
+from eyas.data.benchmarks import holdout_prompts
 from eyas.engine.decode import Speculation, generate
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
-from eyas.export.eagle3 import draft_config, draft_tensors, write_draft_dir
+from eyas.export.eagle3 import draft_config, draft_tensors
+from eyas.export.files import write_draft_dir
 from eyas.export.load import import_draft_dir, load_drafter
 from eyas.target.layout import text_config
-from eyas.target.loading import load_target, resolve_target
+from eyas.target.loading import load_target, resolve_target, stop_ids
 
 WORKER = Path(__file__).with_name("vllm_greedy_worker.py")
 RESULTS = Path(__file__).with_name("results")
@@ -140,7 +140,7 @@ def main() -> None:
 
     target = load_target(args.target, device="cpu", dtype=torch.float32)
     text = text_config(target.model.config)
-    stop = stop_ids(target)
+    stop = set(stop_ids(target.model, target.tokenizer))
     prompts = first_prompts(args.data, args.prompts)
     work = Path(tempfile.mkdtemp(prefix="eyas-vllm-acceptance-"))
     layers = int(text.num_hidden_layers)

@@ -7,12 +7,13 @@ import pytest
 from typer.testing import CliRunner
 
 import zoo
-from eyas.bench.prompts import holdout_prompts, humaneval_problems, load_prompts, mt_bench_questions, render
 from eyas.bench.run import parse_mode, parse_modes
 from eyas.cli import app
+from eyas.data.benchmarks import holdout_prompts, humaneval_problems, load_prompts, mt_bench_questions, render
 from eyas.data.samples import Sample, read_samples, write_samples
 from eyas.errors import EyasError
-from eyas.export.eagle3 import draft_config, draft_tensors, write_draft_dir
+from eyas.export.eagle3 import draft_config, draft_tensors
+from eyas.export.files import write_draft_dir
 from test_import_layouts import weights
 
 
@@ -31,12 +32,12 @@ def setup(tmp_path_factory):
 
 
 def test_bench_reports_tau_speed_and_losslessness(setup, monkeypatch):
-    import eyas.bench
+    import eyas.engine.loading
 
     root, target, data = setup
     capacities = []
-    load = eyas.bench.load_engine
-    monkeypatch.setattr(eyas.bench, "load_engine", lambda *a, **k: capacities.append(a[2]) or load(*a, **k))
+    load = eyas.engine.loading.load_engine
+    monkeypatch.setattr(eyas.engine.loading, "load_engine", lambda *a, **k: capacities.append(a[2]) or load(*a, **k))
     result = CliRunner().invoke(app, ["bench", "--target", target, "--draft", str(root / "draft"), "--out", str(root / "report"),
                                       "--dataset", "sharegpt-holdout", "--data", str(data), "--mode", "chain:3,tree:8,3,3",
                                       "--max-new-tokens", "12", "--device", "cpu"])
@@ -94,8 +95,8 @@ def test_modes_parse_or_explain():
 def test_generate_streams_the_same_tokens_with_and_without_a_drafter(setup):
     root, target, _ = setup
     # the tiny target has no tokenizer: give generate a prompt through a DATA_DIR-free path by using ids directly
-    from eyas.bench import load_engine, prompt_tensor
     from eyas.engine.decode import Speculation, generate
+    from eyas.engine.loading import load_engine, prompt_tensor
 
     engine = load_engine(target, root / "draft", 128, "cpu")
     streamed: list[int] = []

@@ -9,8 +9,8 @@ import torch
 
 from eyas.drafter.config import DrafterConfig
 from eyas.drafter.model import Eagle3Drafter
-from eyas.drafter.step import greedy_chain
 from eyas.drafter.ttt import ttt_steps
+from reference_drafting import greedy_chain
 
 
 def tiny_config(**overrides):

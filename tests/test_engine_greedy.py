@@ -348,7 +348,7 @@ def test_caches_sized_as_the_cli_sizes_them_keep_every_greedy_round_in_bursts(mo
     """eyas bench / generate size the target's cache to prompt + new tokens + draft tokens + 1, and the
     drafter's DRAFTER_SPARE slots larger: then no round of a greedy generation leaves the bursts (a
     host-driven round near the end would, on a GPU, record or compile its shapes mid-generation)."""
-    from eyas.bench import DRAFTER_SPARE
+    from eyas.engine.loading import DRAFTER_SPARE
 
     model = ARCHITECTURES["llama"][0]()
     prompt, new_tokens = prompt_of(5), 40

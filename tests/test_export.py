@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 import zoo
 from eyas.cli import app
 from eyas.export.check import check_draft_dir
-from eyas.export.eagle3 import draft_config, draft_tensors, export_run, write_draft_dir
+from eyas.export.eagle3 import draft_config, draft_tensors
+from eyas.export.files import write_draft_dir
 from eyas.export.load import import_draft_dir
+from eyas.export.stage import export_run
 from eyas.train.trainer import TrainOptions, train
 
 

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 import zoo
+from eyas.capture.stage import CaptureOptions, capture
 from eyas.errors import EyasError
-from eyas.store.capture_stage import CaptureOptions, capture
 from eyas.store.check import check_store
 from eyas.store.reader import FeatureStore
 from eyas.target import capture_hidden_states, discover_layout
@@ -57,7 +57,7 @@ def test_store_holds_each_sample_once_with_its_exact_states(target_and_data, tmp
 KILLER = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    import eyas.store.capture_stage as stage
+    import eyas.capture.stage as stage
     import eyas.io as io
     target, data, out, point, after = sys.argv[1:6]
     after = int(after)
@@ -137,7 +137,7 @@ def test_fp8_halves_the_bytes_with_bounded_error(target_and_data, tmp_path):
 
 def test_disk_planning_refuses_when_short_and_max_gb_caps(target_and_data, tmp_path, monkeypatch):
     target, data = target_and_data
-    import eyas.store.capture_stage as stage
+    import eyas.capture.stage as stage
 
     monkeypatch.setattr(stage.shutil, "disk_usage", lambda path: type("U", (), {"free": 1000})())
     with pytest.raises(EyasError, match=r"not enough disk(.|\n)*--max-gb"):

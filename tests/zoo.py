@@ -251,7 +251,7 @@ def tiny_store(root, sizes=(("train", 32), ("holdout", 6))):
     """A tiny target, its DATA_DIR and an fp32 FEATURES_DIR under ``root``: (target, data, features)."""
     from pathlib import Path
 
-    from eyas.store.capture_stage import CaptureOptions, capture
+    from eyas.capture.stage import CaptureOptions, capture
 
     root = Path(root)
     target = save_tiny_target(root / "target")

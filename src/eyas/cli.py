@@ -160,8 +160,8 @@ def capture(
             return
         if not (target and data and out):
             raise EyasError("eyas capture needs --target, --data and --out (or --check FEATURES_DIR)")
-        from eyas.store.capture_stage import CaptureOptions, describe
-        from eyas.store.capture_stage import capture as run_capture
+        from eyas.capture.stage import CaptureOptions, describe
+        from eyas.capture.stage import capture as run_capture
 
         options = CaptureOptions(
             target=target, data=data, out=out, dtype=dtype, layer_ids=parse_layer_ids(layer_ids) if layer_ids else None,
@@ -334,11 +334,10 @@ def generate(
     """Stream the target's answer to PROMPT, speculating with DRAFT_DIR; print τ and tokens/s at the end."""
     import time
 
-    from eyas.bench import Engine, load_engine, prompt_tensor, stop_ids
-    from eyas.bench.prompts import render
     from eyas.bench.run import parse_mode
+    from eyas.data.benchmarks import render
     from eyas.engine.decode import generate as decode
-    from eyas.engine.target_runner import TargetRunner
+    from eyas.engine.loading import load_engine, prompt_tensor
     from eyas.engine.verify import Sampling
     from eyas.target.loading import load_target
 
@@ -350,12 +349,8 @@ def generate(
         ids = render(loaded.tokenizer, prompt)
         # cache sized to this prompt, the answer and one round of drafts: nothing more is allocated
         capacity = len(ids) + max_new_tokens + speculation.draft_tokens + 1
-        if draft is None:
-            runner = TargetRunner(loaded.model, loaded.layout, None, capacity, graphs=graphs, compile=compile, lean=lean)
-            engine = Engine(loaded, runner, None, stop_ids(loaded))
-        else:
-            engine = load_engine(target, draft, capacity, device, trust_remote_code, target=loaded, graphs=graphs,
-                                 compile=compile, lean=lean)
+        engine = load_engine(target, draft, capacity, device, trust_remote_code, target=loaded, graphs=graphs,
+                             compile=compile, lean=lean)
         tokenizer = engine.target.tokenizer
         shown: list[int] = []
         printed = ""

@@ -25,10 +25,10 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as a package (a depe
     import tomli as tomllib
 
 from eyas.bench.stage import BenchOptions
+from eyas.capture.stage import CaptureOptions
 from eyas.data.prepare import PrepareOptions
 from eyas.errors import EyasError
 from eyas.export.stage import ExportOptions
-from eyas.store.capture_stage import CaptureOptions
 from eyas.train.trainer import TrainOptions
 
 STAGES = ("prepare", "capture", "train", "export", "bench")

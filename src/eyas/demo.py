@@ -18,11 +18,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from eyas.capture.stage import CaptureOptions, capture, describe
 from eyas.data.prepare import AlreadyPrepared, PrepareOptions, prepare
 from eyas.data.report import print_prepare_stats
 from eyas.export.check import check_draft_dir
-from eyas.export.eagle3 import export_run
-from eyas.store.capture_stage import CaptureOptions, capture, describe
+from eyas.export.stage import export_run
 from eyas.target import capture_hidden_states, load_target
 from eyas.target.verify import max_abs_diff_vs_hf
 from eyas.train.checkpoint import latest_checkpoint
@@ -121,10 +121,10 @@ def run_demo(console: Console, out: Path, size: DemoSize = FULL) -> None:
 
 
 def _bench(console: Console, out: Path, draft: Path, size: DemoSize) -> dict:
-    from eyas.bench import load_engine
-    from eyas.bench.prompts import load_prompts
     from eyas.bench.report import rows, write_report
     from eyas.bench.run import parse_modes, run_bench
+    from eyas.data.benchmarks import load_prompts
+    from eyas.engine.loading import load_engine
     from eyas.engine.verify import Sampling
 
     modes = parse_modes(size.modes)

@@ -33,7 +33,7 @@ def run_pipeline(config: RunConfig, console: Console) -> None:
             except AlreadyPrepared as done:
                 console.print(f"[yellow]skipped:[/] {done}", soft_wrap=True)
         elif stage == "capture":
-            from eyas.store.capture_stage import capture, describe
+            from eyas.capture.stage import capture, describe
 
             console.print(describe(capture(config.options("capture", target=config.target, data=data, out=features))),
                           soft_wrap=True, highlight=False)

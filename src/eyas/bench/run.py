@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from eyas.bench.prompts import Prompt
+from eyas.data.benchmarks import Prompt
 from eyas.engine.decode import Generation, Speculation, generate
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner

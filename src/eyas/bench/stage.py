@@ -33,10 +33,10 @@ class BenchOptions:
 
 def bench_stage(options: BenchOptions, show_progress: bool = True):
     """Decode every prompt plainly and in every mode; write REPORT_DIR; return (result, header)."""
-    from eyas.bench import load_engine
-    from eyas.bench.prompts import load_prompts
     from eyas.bench.report import write_report
     from eyas.bench.run import parse_modes, run_bench
+    from eyas.data.benchmarks import load_prompts
+    from eyas.engine.loading import load_engine
     from eyas.engine.verify import Sampling
     from eyas.progress import progress_bar
     from eyas.target.loading import load_target

@@ -64,7 +64,9 @@ class HFGenerator:
             raise EyasError("the target's tokenizer has no chat template, so there is no way to prompt it as a chat; "
                             "use a chat/instruct model, or regenerate through a --server that applies one")
         self.model, self.tokenizer, self.options = model, tokenizer, options
-        self.eos_ids = _eos_ids(model, tokenizer)
+        from eyas.target.loading import stop_ids
+
+        self.eos_ids = stop_ids(model, tokenizer)
         # Padding is masked out, so any id works; fall back to EOS, then 0, when there is no pad token.
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
@@ -160,16 +162,6 @@ class HFGenerator:
         cut = next((k for k, t in enumerate(new_tokens) if t in stops), None)
         kept = new_tokens if cut is None else new_tokens[:cut]
         return Answer(self.tokenizer.decode(kept, skip_special_tokens=True), truncated=cut is None)
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    """Every id that ends a turn: the generation config's (often several) and the tokenizer's."""
-    ids: list[int] = []
-    for value in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
-        for token in value if isinstance(value, (list, tuple)) else [value]:
-            if token is not None and token not in ids:
-                ids.append(int(token))
-    return ids
 
 
 # --------------------------------------------------------------------------- OpenAI-compatible server

@@ -6,7 +6,7 @@ At step k (k = 0 … K−1) position i is the drafter drafting k steps ahead of 
   - its RoPE position is i + k;
   - it attends to the step-0 keys of positions ≤ i (real target features, causal) and to its own
     earlier steps' keys at the same position i — exactly the keys a chained draft from prefix 0…i has
-    in its cache. :func:`eyas.drafter.step.greedy_chain` is pinned to these logits.
+    in its cache. The tests pin the engine's drafting and a step-by-step reference to these logits.
 
 Batches are right-padded, so causal attention alone keeps a real position away from padding; what a
 padding position computes is never read by a real one (its own keys sit at its own position).

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from eyas.engine.attention import additive_mask
+from eyas.engine.fused_llama import LeanForward, lean_support
 from eyas.engine.graphs import InputBuffer, StepGraphs
 from eyas.engine.kv import SlotCache
-from eyas.engine.lean import LeanForward, lean_support
 from eyas.errors import CaptureError, EyasError
 from eyas.target.compat import cache_keyword
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
@@ -47,7 +47,7 @@ class TargetRunner:
         CUDA, replay those forwards from CUDA graphs (:mod:`eyas.engine.graphs`), ``compile``: fused by
         ``torch.compile`` first. A target whose forward cannot be recorded (data-dependent MoE routing
         on the host, say) falls back to eager forwards with a warning. ``lean``: with static shapes, a
-        Llama-family target's decoding forwards take :mod:`eyas.engine.lean`'s path (fused projections,
+        Llama-family target's decoding forwards take :mod:`eyas.engine.fused_llama`'s path (fused projections,
         aux states written without hooks); the prefill always runs the HF forward."""
         attention = getattr(model.config, "_attn_implementation", "sdpa")
         if attention not in ("sdpa", "eager"):

@@ -1,20 +1,14 @@
-"""``eyas export``: RUN_DIR → DRAFT_DIR in the EAGLE-3 format SGLang and vLLM both load.
+"""The EAGLE-3 format SGLang and vLLM both load: a drafter's ``config.json`` and its tensors (DESIGN "Export contract").
 
 Layer ids are written so they mean the same in both engines: omitted when they are the defaults
 (2, N//2, N−3), which both engines use; otherwise vLLM's spelling at the top level (vLLM reads it
 first, as-is) and SGLang's spelling in ``eagle_config`` (the only place SGLang reads, converted by
-its per-family rule). The directory is written under a temporary name and renamed.
+its per-family rule).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-from pathlib import Path
-
 import torch
-from safetensors.torch import load_file, save_file
 
 from eyas.drafter.config import DrafterConfig
 from eyas.errors import EyasError
@@ -67,35 +61,6 @@ def draft_config(config: DrafterConfig, target_model_type: str, target_layers: i
     return out
 
 
-def speculators_config(config: dict, target: str, speculative_tokens: int = 3) -> dict:
-    """The same drafter in vLLM's speculators format (``vllm serve DRAFT_DIR`` finds the target itself)."""
-    layer = {k: v for k, v in config.items() if k not in ("eagle_config", "draft_vocab_size", "target_hidden_size",
-                                                          "eagle_aux_hidden_state_layer_ids", "num_aux_hidden_states")}
-    layer["architectures"] = ["LlamaForCausalLM"]
-    out = {
-        "speculators_model_type": "eagle3",
-        "architectures": ["Eagle3Speculator"],
-        "transformer_layer_config": layer,
-        "draft_vocab_size": config["draft_vocab_size"],
-        # vLLM's speculators reader defaults this to true; eyas' drafter adds the un-normed hidden (false).
-        "norm_before_residual": False,
-        "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": target},
-        },
-    }
-    if "target_hidden_size" in config:
-        out["target_hidden_size"] = config["target_hidden_size"]
-    if "eagle_aux_hidden_state_layer_ids" in config:  # vLLM reads speculators ids as-is
-        out["eagle_aux_hidden_state_layer_ids"] = config["eagle_aux_hidden_state_layer_ids"]
-    return out
-
-
 def draft_tensors(tensors: dict[str, torch.Tensor], config: dict, dtype: str) -> dict[str, torch.Tensor]:
     """The tensors the contract names, cast to ``dtype`` (d2t stays int64); nothing else."""
     wanted = expected_shapes(config)
@@ -109,44 +74,3 @@ def draft_tensors(tensors: dict[str, torch.Tensor], config: dict, dtype: str) ->
         if list(out[name].shape) != wanted[name]:
             raise EyasError(f"{name} has shape {list(out[name].shape)}, the config implies {wanted[name]}")
     return {name: out[name].contiguous() for name in sorted(out)}
-
-
-def write_draft_dir(out: Path, config: dict, tensors: dict[str, torch.Tensor], card: str) -> Path:
-    """Write config.json, model.safetensors and README.md into ``out``, atomically (temp dir + rename)."""
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "README.md").write_text(card)
-    shutil.rmtree(out, ignore_errors=True)
-    os.rename(tmp, out)
-    return out
-
-
-def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3") -> Path:
-    """Export RUN_DIR/final (what ``eyas train`` wrote) as an EAGLE-3 drafter directory (or speculators format)."""
-    from eyas.export.card import model_card
-    from eyas.target.layout import text_config
-    from eyas.target.loading import load_target_config
-
-    run_dir = Path(run_dir)
-    final = run_dir / "final"
-    if not (final / "model.safetensors").is_file():
-        raise EyasError(f"{run_dir} has no final/model.safetensors: train it first (eyas train ... --out {run_dir})")
-    if dtype not in TORCH_DTYPES:
-        raise EyasError(f"--dtype must be bf16, fp16 or fp32, not {dtype!r}")
-    drafter = DrafterConfig.from_dict(json.loads((final / "drafter_config.json").read_text()))
-    options = json.loads((run_dir / "train_options.json").read_text())
-    target_config, _ = load_target_config(options["target"], bool(options.get("trust_remote_code")))
-    text = text_config(target_config)
-    config = draft_config(drafter, text.model_type, int(text.num_hidden_layers), dtype)
-    tensors = draft_tensors(load_file(str(final / "model.safetensors")), config, dtype)
-    report = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").is_file() else {}
-    card = model_card(config, options, report, Path(out).name)
-    if fmt == "speculators":
-        config = speculators_config(config, str(options["target"]))
-    elif fmt != "eagle3":
-        raise EyasError(f"--format must be eagle3 or speculators, not {fmt!r}")
-    return write_draft_dir(out, config, tensors, card)

@@ -1,4 +1,4 @@
-"""The weight files of a drafter directory, whoever wrote it.
+"""The files of a drafter directory: reading whoever wrote it, and writing eyas' own.
 
 eyas, SpecForge and speculators write ``model.safetensors`` (large ones shard it behind
 ``model.safetensors.index.json``); the EAGLE reference releases ship ``pytorch_model.bin``. A .bin
@@ -88,3 +88,16 @@ def read_shapes(directory: Path, normalise: bool = True) -> dict[str, tuple[list
         for name, info in header.items():
             out[rename(name)] = (list(info["shape"]), info["dtype"])
     return out
+
+
+def write_draft_dir(out: Path, config: dict, tensors: dict[str, torch.Tensor], card: str) -> Path:
+    """Write config.json, model.safetensors and README.md into ``out``, atomically (:func:`eyas.io.atomic_dir`)."""
+    from safetensors.torch import save_file
+
+    from eyas.io import atomic_dir
+
+    with atomic_dir(out) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "README.md").write_text(card)
+    return Path(out)

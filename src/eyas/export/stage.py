@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+
+from eyas.errors import EyasError
 
 
 @dataclass
@@ -21,7 +24,6 @@ class ExportOptions:
 def export_stage(options: ExportOptions, console: Console) -> Path:
     """Export RUN_DIR/final as DRAFT_DIR, run ``eyas check`` on it and print the verdict and any problems."""
     from eyas.export.check import check_draft_dir
-    from eyas.export.eagle3 import export_run
 
     path = export_run(options.run_dir, options.out, options.dtype, options.format)
     result = check_draft_dir(path)
@@ -29,3 +31,36 @@ def export_stage(options: ExportOptions, console: Console) -> Path:
     for problem in result.errors + result.warnings:
         console.print(f"  {problem}", soft_wrap=True, highlight=False)
     return path
+
+
+def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3") -> Path:
+    """Export RUN_DIR/final (what ``eyas train`` wrote) as an EAGLE-3 drafter directory (or speculators format)."""
+    from safetensors.torch import load_file
+
+    from eyas.drafter.config import DrafterConfig
+    from eyas.export.card import model_card
+    from eyas.export.eagle3 import TORCH_DTYPES, draft_config, draft_tensors
+    from eyas.export.files import write_draft_dir
+    from eyas.export.speculators import speculators_config
+    from eyas.target.layout import text_config
+    from eyas.target.loading import load_target_config
+
+    run_dir = Path(run_dir)
+    final = run_dir / "final"
+    if not (final / "model.safetensors").is_file():
+        raise EyasError(f"{run_dir} has no final/model.safetensors: train it first (eyas train ... --out {run_dir})")
+    if dtype not in TORCH_DTYPES:
+        raise EyasError(f"--dtype must be bf16, fp16 or fp32, not {dtype!r}")
+    if fmt not in ("eagle3", "speculators"):
+        raise EyasError(f"--format must be eagle3 or speculators, not {fmt!r}")
+    drafter = DrafterConfig.from_dict(json.loads((final / "drafter_config.json").read_text()))
+    options = json.loads((run_dir / "train_options.json").read_text())
+    target_config, _ = load_target_config(options["target"], bool(options.get("trust_remote_code")))
+    text = text_config(target_config)
+    config = draft_config(drafter, text.model_type, int(text.num_hidden_layers), dtype)
+    tensors = draft_tensors(load_file(str(final / "model.safetensors")), config, dtype)
+    report = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").is_file() else {}
+    card = model_card(config, options, report, Path(out).name)
+    if fmt == "speculators":
+        config = speculators_config(config, str(options["target"]))
+    return write_draft_dir(out, config, tensors, card)

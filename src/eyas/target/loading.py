@@ -125,6 +125,17 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
         return None
 
 
+def stop_ids(model: nn.Module, tokenizer) -> list[int]:
+    """Every id that ends a turn, in a fixed order: the generation config's (often several), then the tokenizer's."""
+    ids: list[int] = []
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (eos, getattr(tokenizer, "eos_token_id", None)):
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    return ids
+
+
 def _from_loader(load, config) -> nn.Module:
     """Try the causal-LM auto class, then the image-text one (multimodal wrappers)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText

@@ -10,14 +10,13 @@ atomically; a run killed at any moment resumes from the last complete one. Nothi
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyas.io import write_json_atomic
+from eyas.io import atomic_dir, write_json_atomic
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -61,21 +60,14 @@ def save_checkpoint(run_dir: Path, step: int, drafter, optimizer, scheduler, pos
     if not write:
         return final
     optimizer_tensors, groups = _flatten_optimizer(optimizer_state)
-    tmp = root / f".step-{step:08d}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(drafter_tensors(drafter, model_state), str(tmp / "model.safetensors"))
     optimizer_tensors["rng.torch"] = torch.get_rng_state()
     if torch.cuda.is_available():
         optimizer_tensors["rng.cuda"] = torch.cuda.get_rng_state()
-    save_file(optimizer_tensors, str(tmp / "optimizer.safetensors"))
     state = {"step": step, "position": position, "scheduler": scheduler.state_dict(), "param_groups": groups, **extra}
-    (tmp / "state.json").write_text(json.dumps(state, indent=2))
-    for path in tmp.iterdir():
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
+    with atomic_dir(final) as tmp:
+        save_file(drafter_tensors(drafter, model_state), str(tmp / "model.safetensors"))
+        save_file(optimizer_tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(state, indent=2))
     write_json_atomic(root / "latest.json", {"checkpoint": final.name, "step": step})
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from eyas.engine.decode import Speculation, generate
-from eyas.engine.lean import lean_support
+from eyas.engine.fused_llama import lean_support
 from eyas.engine.target_runner import TargetRunner
 from eyas.engine.tree import ancestor_mask
 from eyas.target.layout import discover_layout

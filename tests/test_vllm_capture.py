@@ -18,9 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import zoo
-from eyas.errors import EyasError
-from eyas.store import vllm_engine
-from eyas.store.vllm_engine import (
+from eyas.capture import vllm_client
+from eyas.capture.vllm_client import (
     IndexReader,
     capture_with_vllm,
     check_vllm_python,
@@ -29,6 +28,7 @@ from eyas.store.vllm_engine import (
     worker_layer_ids,
     write_requests,
 )
+from eyas.errors import EyasError
 from eyas.target import capture_hidden_states, discover_layout
 
 AUX_IDS = (2, 4, 5)
@@ -37,7 +37,7 @@ TAPPED = (2, 4, 5, zoo.LAYERS)  # what the worker is asked for: the aux ids, the
 
 def _worker_module():
     """The real worker script, imported by path (its helpers import no vLLM)."""
-    spec = importlib.util.spec_from_file_location("vllm_worker_under_test", vllm_engine.WORKER)
+    spec = importlib.util.spec_from_file_location("vllm_worker_under_test", vllm_client.WORKER)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -256,7 +256,6 @@ def test_worker_refuses_a_resume_with_other_settings(tmp_path):
 
 def test_vllm_python_resolution(tmp_path, monkeypatch):
     monkeypatch.delenv("EYAS_VLLM_PYTHON", raising=False)
-    monkeypatch.setattr(vllm_engine, "DEFAULT_VLLM_PYTHON", str(tmp_path / "no-venv" / "python"))
     with pytest.raises(EyasError, match="EYAS_VLLM_PYTHON"):
         resolve_vllm_python()
     assert resolve_vllm_python("/explicit/python") == "/explicit/python"

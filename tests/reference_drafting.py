@@ -1,9 +1,10 @@
-"""Drafting step by step with a KV cache: what the speculative decoding engine calls.
+"""A reference drafter loop for the tests: chained drafting step by step, as plainly as it can be written.
 
 ``prefill`` runs the layer over positions whose target states are known (hidden = fc(aux)), causally,
-and fills the cache. ``step`` then chains: its hidden is the previous pre-norm output, its token the
+and fills a growing cache. ``step`` then chains: its hidden is the previous pre-norm output, its token the
 previous draft (as a target id), at the next position, attending to everything cached plus itself.
-The training-time test (:mod:`eyas.drafter.ttt`) must give exactly these logits; a test pins it.
+The training-time test (:mod:`eyas.drafter.ttt`) must give exactly these logits, and the engine's drafter
+(:mod:`eyas.engine.draft_runner`) must draft these tokens: tests pin both to this reference.
 """
 
 from __future__ import annotations

@@ -37,23 +37,19 @@ from eyas.target.loading import resolve_target
 from eyas.target.weights import load_final_norm
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
-DEFAULT_VLLM_PYTHON = "/work/vllm-venv/bin/python"  # where benchmarks/vllm_env.sh builds the venv
 _LOG_TAIL = 40  # worker log lines quoted in an error
 _POLL_S = 0.2
 
 
 def resolve_vllm_python(explicit: str | None = None) -> str:
-    """The Python to run vLLM with: ``explicit``, else $EYAS_VLLM_PYTHON, else the default venv."""
+    """The Python to run vLLM with: ``explicit`` (``--vllm-python``), else $EYAS_VLLM_PYTHON."""
     for candidate in (explicit, os.environ.get("EYAS_VLLM_PYTHON")):
         if candidate:
             return candidate
-    if Path(DEFAULT_VLLM_PYTHON).exists():
-        return DEFAULT_VLLM_PYTHON
     raise EyasError(
-        "capturing with vLLM needs a Python environment that has vLLM; none was given, "
-        f"EYAS_VLLM_PYTHON is not set and {DEFAULT_VLLM_PYTHON} does not exist. Create one with "
-        "`benchmarks/vllm_env.sh setup` (or any venv with `pip install vllm`) and set "
-        "EYAS_VLLM_PYTHON=/path/to/venv/bin/python"
+        "capturing with vLLM needs a Python environment that has vLLM: pass --vllm-python /path/to/venv/bin/python "
+        "or set EYAS_VLLM_PYTHON to it. `benchmarks/vllm_env.sh setup` builds one with vLLM's CPU build "
+        "(any venv with `pip install vllm` will do)"
     )
 
 

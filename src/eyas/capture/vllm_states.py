@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import torch
 
+from eyas.capture.vllm_client import capture_with_vllm
 from eyas.errors import EyasError
 from eyas.store.plan import ShardPlan
 from eyas.store.shards import pack_states
-from eyas.store.vllm_engine import capture_with_vllm
 
 WORKDIR = ".vllm"  # inside FEATURES_DIR: vLLM's per-sample files, kept until the store is complete (resume)
 

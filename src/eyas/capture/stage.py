@@ -223,7 +223,7 @@ def _check_disk(out: Path, needed: int, force: bool, rank: int) -> None:
 def _state_source(options, source, layer_ids, device, num_layers, todo, samples):
     """A function (split, shard plan) → per-sample (aux, final), from the HF model or from vLLM."""
     if options.engine == "vllm":
-        from eyas.store.vllm_source import vllm_states
+        from eyas.capture.vllm_states import vllm_states
 
         return vllm_states(options, source, layer_ids, num_layers, todo, samples)
     from eyas.target import capture_hidden_states, load_target

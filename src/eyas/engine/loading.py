@@ -1,0 +1,53 @@
+"""A target and a drafter directory loaded behind the engine's runners: what ``eyas bench`` and ``eyas generate`` decode with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.target_runner import TargetRunner
+
+
+@dataclass
+class Engine:
+    """A loaded target and (maybe) drafter behind their runners, plus the ids that end a turn."""
+
+    target: object  # eyas.target.loading.Target
+    target_runner: TargetRunner
+    draft_runner: DraftRunner | None
+    stop_ids: set[int] = field(default_factory=set)
+
+
+DRAFTER_SPARE = 16  # max depth + 1 of any mode up to depth 15: see load_engine
+
+
+def load_engine(target_spec: str, draft_dir: Path | None, capacity: int, device: str | None = None,
+                trust_remote_code: bool = False, dtype: torch.dtype | None = None, target=None,
+                graphs: bool = True, compile: bool = False, lean: bool = True) -> Engine:
+    """Target (eyas' default dtype for the device unless given) and, with ``draft_dir``, its drafter (same device
+    and dtype); ``target`` reuses an already loaded target. ``graphs``: on CUDA, decoding steps replay CUDA
+    graphs; ``compile``: the target's steps are fused by torch.compile before recording; ``lean``: Llama-family
+    targets decode through :mod:`eyas.engine.fused_llama`. The drafter's cache holds ``DRAFTER_SPARE`` slots
+    more than the target's: a burst round commits max depth + 1 states whatever was accepted, so without them
+    the last rounds of a generation would leave the bursts."""
+    from eyas.export.load import load_drafter
+    from eyas.target.loading import load_target, stop_ids
+
+    target = target or load_target(target_spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    layout = target.layout
+    drafter = None
+    if draft_dir is not None:
+        drafter = load_drafter(draft_dir, layout.embed.weight, layout.num_layers, device=layout.embed.weight.device,
+                               dtype=layout.embed.weight.dtype)
+    runner = TargetRunner(target.model, layout, drafter.config.layer_ids if drafter else None, capacity, graphs=graphs,
+                          compile=compile, lean=lean)
+    draft_runner = DraftRunner(drafter, capacity + DRAFTER_SPARE, graphs=graphs) if drafter else None
+    return Engine(target, runner, draft_runner, set(stop_ids(target.model, target.tokenizer)))
+
+
+def prompt_tensor(ids: list[int]) -> torch.Tensor:
+    """Token ids as the [1, P] tensor the engine takes."""
+    return torch.tensor([ids], dtype=torch.long)
