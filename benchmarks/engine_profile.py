@@ -1,13 +1,15 @@
-"""Where a decoding round's time goes: drafting, the target's forward, verification, commit, the rest.
+"""Where a decoding round's time goes: its steps draft, verify, accept, commit; the prefill; the rest.
 
-    python benchmarks/engine_profile.py --target demo --draft DRAFT_DIR [--variant graphs|compile|eager]
+    python benchmarks/engine_profile.py --target demo --draft DRAFT_DIR [--variant eager|graphs|compile]
         [--modes plain,chain:5,tree:60,7,10] [--prompts 3] [--max-new-tokens 128] [--temperature 0]
         [--host-profile]
 
-Each phase is timed with the device synchronised on both sides, so the phases add up to the wall time
-(with less host/device overlap than an untimed run has). MT-bench first turns, batch 1, greedy unless
-``--temperature`` says otherwise. ``--host-profile``: the host functions that took the most time
-(cProfile over each mode's timed prompts), for rounds that are host-bound.
+Each step is timed with the device synchronised on both sides, so the steps add up to the wall time (with
+less host/device overlap than an untimed run has). With ``--variant eager`` every round runs its steps from
+Python and each is timed; with CUDA graphs a greedy round is one replay, timed as the bursts that replay it
+(sampled rounds still show their accept step). MT-bench first turns, batch 1, greedy unless
+``--temperature`` says otherwise. ``--host-profile``: the host functions that took the most time (cProfile
+over each mode's timed prompts), for rounds that are host-bound.
 """
 
 from __future__ import annotations
@@ -22,17 +24,18 @@ import torch
 import eyas.engine.decode as decode
 from eyas.bench.run import parse_mode, timed
 from eyas.data.benchmarks import mt_bench_questions, render
-from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.acceptance import Sampling
+from eyas.engine.burst import Burst
 from eyas.engine.loading import load_engine
+from eyas.engine.round import Round
 from eyas.engine.target_runner import TargetRunner
-from eyas.engine.verify import Sampling
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="demo")
     parser.add_argument("--draft", required=True)
-    parser.add_argument("--variant", default="graphs", choices=["eager", "graphs", "compile"])
+    parser.add_argument("--variant", default="eager", choices=["eager", "graphs", "compile"])
     parser.add_argument("--modes", default="plain;chain:5;tree:60,7,10", help="';'-separated")
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -55,12 +58,9 @@ def main() -> None:
             return result
         return wrapper
 
-    patches = [(TargetRunner, "forward", "target forward"), (TargetRunner, "commit", "target commit"),
-               (TargetRunner, "prefill", "target prefill"),
-               (TargetRunner, "greedy_burst", "target bursts"),
-               (DraftRunner, "draft_chain", "drafting"), (decode, "draft_tree", "drafting"),
-               (decode, "ancestor_mask", "tree mask"), (decode._Chooser, "walk", "verify walk"),
-               (decode._Chooser, "next_token", "verify walk")]
+    patches = [(TargetRunner, "prefill", "target prefill"), (Round, "draft", "draft"), (Round, "verify", "verify"),
+               (Round, "accept", "accept"), (Round, "commit", "commit"), (Round, "sampled", "sampled round"),
+               (Burst, "extend", "bursts queued"), (Burst, "collect", "bursts read back")]
     for owner, attr, name in patches:
         setattr(owner, attr, phase(name, getattr(owner, attr)))
     for label in [m.strip() for m in args.modes.split(";") if m.strip()]:
@@ -95,16 +95,14 @@ def main() -> None:
 
 @torch.no_grad()
 def kernels(engine, prompt: torch.Tensor) -> None:
-    """The GPU time of one static-shape plain step, run eagerly under the profiler, by kernel."""
+    """The GPU time of one plain decoding step, run eagerly under the profiler, by kernel."""
     from torch.profiler import ProfilerActivity, profile
 
     runner = engine.target_runner
-    runner.reset()
-    runner.forward(prompt, torch.arange(prompt.shape[1]).unsqueeze(0))
-    runner.commit(torch.arange(prompt.shape[1]))
-    runner.forward(torch.tensor([[1]]), torch.tensor([[runner.length]]))  # one plain step: fills its input buffer
-    packed = runner._inputs[1].tensor  # [length, id, position, tree]: what that step read
-    step = lambda: runner._static_step(packed[:1], packed[1:2].view(1, 1), packed[2:3].view(1, 1), packed[3:].view(1, 1))  # noqa: E731
+    runner.prefill(prompt)
+    length = torch.tensor([runner.length], device=runner.device)
+    one = torch.ones(1, 1, dtype=torch.long, device=runner.device)
+    step = lambda: runner.verify(length, one, length.view(1, 1), one)  # noqa: E731
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -8,8 +8,8 @@ MT-bench first turns, batch 1, greedy. Every decoder runs every prompt once unti
 gives tokens/s and τ, and the ratios the engine issue sets as targets (eyas plain vs transformers
 static, eyas speculative vs eyas plain of the same variant). Variants of eyas' engine: ``eager``
 (no CUDA graphs), ``graphs`` (decoding steps replayed from CUDA graphs), ``compile`` (the target's
-steps fused by torch.compile, then recorded); ``+lean`` after either: Llama-family targets decode through
-eyas' lean forward (q/k/v and gate/up one matmul each); ``+serial``: greedy bursts one at a time, each read
+rounds fused by torch.compile, then recorded); ``+lean`` after either: Llama-family targets decode through
+eyas' fused Llama forward (q/k/v and gate/up one matmul each); ``+serial``: greedy bursts one at a time, each read
 back before the next is queued (the engine pipelines them). On a GPU, CUDA is synchronised around every
 timed call. Every decoder (transformers' included) gets a cache of ``--capacity`` slots; by default
 what the run needs, as ``eyas bench`` and ``eyas generate`` size theirs: the longest prompt + the new
@@ -27,7 +27,9 @@ import contextlib
 import datetime
 import gc
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,9 +40,9 @@ from transformers import StaticCache
 from eyas.bench.run import parse_modes, timed
 from eyas.data.benchmarks import mt_bench_questions, render
 from eyas.engine import attention
+from eyas.engine.burst import Burst
 from eyas.engine.decode import generate
 from eyas.engine.loading import load_engine
-from eyas.engine.round_burst import RoundBurst
 from eyas.target.loading import load_target
 
 RESULTS = Path(__file__).with_name("results")
@@ -114,27 +116,28 @@ def replay_cost(runner, trace_dir: Path | None = None, replays: int = 16) -> Non
     ``trace_dir``, one round's kernels in order (name, µs, gap before) go to a text file there."""
     from torch.profiler import ProfilerActivity, profile
 
-    recorded = [(b._key(), b.numbers.tensor, slice(4, 6), f"{type(b).__name__} (width {b.width})",
-                 f"{type(b).__name__}_w{b.width}_{getattr(b, 'nodes', b.width)}", b) for b in runner.bursts.values()]
-    recorded.append(("burst", runner._burst_numbers.tensor, slice(2, 3), "plain step", "plain", None))
-    for key, state, restart, label, file_label, burst in recorded:
-        if key not in runner.graphs._graphs:
+    graphs = runner.graphs
+    for decoding_round, _ in runner.rounds.values():
+        key = decoding_round.key("burst")
+        if not graphs.has(key):
             continue
-        graph = runner.graphs._graphs[key][0]
-        saved = state.clone()
-        saved[restart] = 0  # output offset and round index back to a burst's start (the last burst left them at its end)
-        if burst is not None:
-            # A pipelined burst may have ended where one more round no longer fits the cache (the decode loop
-            # queues only rounds that fit): replay from a few rounds earlier, every length and position moved
-            # back alike, over cache slots the same answer filled.
-            back = min(burst.width + burst.target_writes, int(saved[0]), int(saved[1]))
-            saved[0:2] -= back
-            saved[6 + burst.width : 6 + 2 * burst.width] -= back
+        label = f"{decoding_round.mode} round (width {decoding_round.width}, {decoding_round.nodes} drafts)"
+        file_label = f"{decoding_round.mode}_w{decoding_round.width}_{decoding_round.nodes}"
+        state = decoding_round.state
+        # A pipelined burst may have ended where one more round no longer fits the cache (the decode loop queues
+        # only rounds that fit): replay from a few rounds earlier, every length and position moved back alike,
+        # over cache slots the same answer filled; the outcome goes to the start of the first half.
+        back = min(decoding_round.width + decoding_round.target_writes, *(int(x) for x in state.lengths))
+        state.lengths.sub_(back)
+        state.positions.sub_(back)
+        state.output_place.zero_()
+        saved = state.numbers.tensor.clone()
+        tensor = state.numbers.tensor
 
-        def replay_all(state=state, saved=saved, graph=graph):
+        def replay_all(tensor=tensor, saved=saved, key=key):
             for _ in range(replays):
-                state.copy_(saved)
-                graph.replay()
+                tensor.copy_(saved)
+                graphs.replay(key)
 
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
@@ -147,7 +150,7 @@ def replay_cost(runner, trace_dir: Path | None = None, replays: int = 16) -> Non
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             replay_all()
             torch.cuda.synchronize()
-        state.copy_(saved)
+        tensor.copy_(saved)
         kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
         busy = sum(e.time_range.elapsed_us() for e in kernels) / replays
         span = (kernels[-1].time_range.end - kernels[0].time_range.start) / replays if kernels else 0.0
@@ -226,7 +229,7 @@ def main() -> None:
         kind, *extras = variant.split("+")
         if kind not in ("eager", "graphs", "compile") or not set(extras) <= {"lean", "serial"}:
             parser.error(f"unknown variant {variant!r}: eager, graphs or compile, optionally +lean and +serial")
-        RoundBurst.pipelined = "serial" not in extras
+        Burst.pipelined = "serial" not in extras
         engine = load_engine(args.target, args.draft, capacity, args.device, dtype=dtype, target=engine.target,
                              graphs=kind != "eager", compile=kind == "compile", lean="lean" in extras)
         decoders = {"plain": lambda ids, engine=engine: generate(engine.target_runner, ids, args.max_new_tokens,
@@ -244,7 +247,7 @@ def main() -> None:
             # τ of the timed runs only (the same in every repeat: greedy)
             results[name] = measure(device, decode, prompts, after_warm_up=taus.clear, repeats=args.repeats)
             results[name]["variant"] = variant
-            results[name]["lean_forward"] = engine.target_runner.lean is not None
+            results[name]["lean_forward"] = engine.target_runner.fused is not None
             if label in taus:
                 accepted, rounds = map(sum, zip(*taus[label], strict=True))
                 results[name]["tau"] = 1 + accepted / rounds
@@ -279,10 +282,21 @@ def write_results(out: Path | None, device: torch.device, results: dict) -> Path
     out = out or RESULTS / f"engine_speed_{machine.replace(' ', '_')}_{datetime.date.today()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".tmp")
-    partial.write_text(json.dumps({"command": " ".join(sys.argv), "machine": machine, "date": str(datetime.date.today()),
-                                   "torch": torch.__version__, "results": results}, indent=1))
+    # the commit: a device machine's copy of the tree has no .git, so the command line may pass it in
+    commit = os.environ.get("EYAS_COMMIT") or _git_commit()
+    partial.write_text(json.dumps({"command": " ".join(sys.argv), "commit": commit, "machine": machine,
+                                   "date": str(datetime.date.today()), "torch": torch.__version__, "results": results},
+                                  indent=1))
     partial.replace(out)
     return out
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    except OSError:
+        return None
+    return done.stdout.strip() or None
 
 
 if __name__ == "__main__":

@@ -86,23 +86,24 @@ def test_final_layer_id_n_is_the_last_layer_output_before_the_norm():
     assert torch.equal(model.model.norm(last_out), captured.final)
 
 
-@pytest.mark.parametrize("static_shapes", [False, True])
 @pytest.mark.parametrize("arch", ["llama", "deepseek_v3"])
-def test_the_engine_feeds_the_drafter_the_states_training_captured(arch, static_shapes):
-    """What the engine's target hands the drafter (a prefill, then verify steps committed round by
-    round) is exactly what training captures from the whole sequence: same layers, same positions."""
+def test_the_engine_feeds_the_drafter_the_states_training_captured(arch):
+    """What the engine's target hands the drafter (a prefill, then decoding steps committed round by
+    round) is what training captures from the whole sequence: same layers, same positions."""
     from eyas.engine.target_runner import TargetRunner
 
     model = zoo.ARCHITECTURES[arch][0]()
     layout = discover_layout(model)
     input_ids = torch.randint(1, 200, (1, 14), generator=torch.Generator().manual_seed(5))
     captured = capture_hidden_states(model, layout, input_ids)
-    runner = TargetRunner(model, layout, None, 64, static_shapes)
-    pieces, start = [], 0
+    runner = TargetRunner(model, layout, None, 64)
+    pieces = [runner.prefill(input_ids[:, :8])[1].clone()]
+    start = 8
     with torch.no_grad():
-        for n in (8, 1, 3, 2):  # the prompt, then rounds of 1, 3 and 2 accepted tokens
-            _, aux = runner.forward(input_ids[:, start:start + n], torch.arange(start, start + n).unsqueeze(0))
-            runner.commit(torch.arange(n))
-            pieces.append(aux.clone())
+        for n in (1, 3, 2):  # rounds of 1, 3 and 2 accepted tokens
+            causal = torch.ones(n, n, dtype=torch.long).tril()
+            runner.verify(torch.tensor([start]), input_ids[:, start:start + n], torch.arange(start, start + n).unsqueeze(0),
+                          causal)
+            pieces.append(runner.aux[:, :n].clone())
             start += n
     torch.testing.assert_close(torch.cat(pieces, dim=1), captured.aux, rtol=1e-5, atol=1e-5)

@@ -78,23 +78,27 @@ def test_padding_and_other_rows_do_not_leak_into_a_sequence(fused):
         torch.testing.assert_close(batched[k][1, :usable], alone[k][0, :usable], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("static_shapes", [False, True])
-def test_the_engine_drafts_what_training_trains(static_shapes):
-    """The engine's drafter, committing the target's states round by round into its cache, drafts the
-    tokens that greedy_chain (pinned to the training-time test above) drafts from the whole prefix."""
+def test_the_engine_drafts_what_training_trains():
+    """The engine's drafter — a prompt's states committed eagerly, then each round's accepted states committed
+    in a fixed-width pass with only the first ``valid`` counting — drafts the tokens that greedy_chain
+    (pinned to the training-time test above) drafts from the whole prefix."""
     from eyas.engine.draft_runner import DraftRunner
+    from eyas.engine.drafting import draft_chain
 
     config = tiny_config()
     drafter = random_drafter(config)
-    runner = DraftRunner(drafter, capacity=64, static_shapes=static_shapes)
+    runner = DraftRunner(drafter, capacity=64)
     gen = torch.Generator().manual_seed(3)
-    aux = torch.randn(1, 12, config.aux_width, generator=gen)
-    tokens = torch.randint(0, config.vocab_size, (1, 12), generator=gen)  # the token after each state
-    start = 0
-    for n in (5, 3, 1, 3):  # a prompt, then rounds that accepted 2, 0 and 2 drafts
-        end = start + n
-        drafted = runner.draft_chain(aux[:, start:end], tokens[:, start:end], torch.arange(start, end).unsqueeze(0), 4)
+    aux = torch.randn(1, 16, config.aux_width, generator=gen)
+    tokens = torch.randint(0, config.vocab_size, (1, 16), generator=gen)  # the token after each state
+    positions = torch.arange(16).unsqueeze(0)
+    runner.commit_prompt(aux[:, :4], tokens[:, :4], positions[:, :4])
+    start, width = 4, 5  # a round commits up to max depth + 1 states (chains of 4)
+    for valid in (1, 3, 1, 3):  # the prompt's last state, then rounds that accepted 2, 0 and 2 drafts
+        end = start + valid
         with torch.no_grad():
+            drafted = draft_chain(runner, aux[:, start : start + width], tokens[:, start : start + width],
+                                  positions[:, start : start + width], torch.tensor([start]), torch.tensor([valid]), 4)
             _, expected = greedy_chain(drafter, aux[:, :end], tokens[:, :end], 4)
         assert drafted.tolist() == torch.stack(expected, dim=1)[0].tolist(), f"after {end} committed states"
         start = end

@@ -10,35 +10,38 @@ draws, exact rule) and through the whole engine.
 import pytest
 import torch
 
-import eyas.engine.decode as decode
-from eyas.engine.decode import Speculation, generate
-from eyas.engine.draft_runner import DraftRunner
-from eyas.engine.tree import DraftTree, ancestor_mask, draft_tree
-from eyas.engine.verify import Sampling, sample, target_probs, walk_sampling
-from test_engine_greedy import NEW_TOKENS, prompt_of, reference_greedy, runners
+from eyas.engine.acceptance import Sampling, sample, target_probs, tree_verdict, walk_sampling
+from eyas.engine.decode import Speculation, generate, round_for
+from eyas.engine.drafting import ancestor_mask
+from eyas.engine.round import Draft, Round
+from test_engine_greedy import NEW_TOKENS, TREE, emitted_so_far, path_agreeing, prompt_of, reference_greedy, runners
 from zoo import ARCHITECTURES
 
-TREE = Speculation("tree", top_k=4, depth=3, total=10)
+
+def first_draft(target, drafter, speculation, prompt):
+    """The draft of a generation's first round after ``prompt``."""
+    logits, aux = target.prefill(prompt)
+    decoding_round, _ = round_for(target, drafter, speculation)
+    decoding_round.begin(prompt, aux, int(logits.argmax()))
+    return decoding_round.draft()
 
 
 def test_dynamic_tree_shape_and_masks():
     model = ARCHITECTURES["llama"][0]()
     target, drafter = runners(model)
-    aux = torch.randn(1, 6, drafter.drafter.config.aux_width)
-    tree = draft_tree(drafter, aux, torch.randint(0, 256, (1, 6)), torch.arange(6).unsqueeze(0), root=7,
-                      top_k=4, depth=3, total=10)
-    assert len(tree) == 11 and int(tree.tokens[0]) == 7
-    assert all(int(tree.parents[i]) < i for i in range(1, 11))  # parents first: the mask can be built in one pass
-    assert all(int(tree.depths[i]) == int(tree.depths[tree.parents[i]]) + 1 for i in range(1, 11))
-    assert int(tree.depths.max()) <= 3
-    assert drafter.speculative == 0 and drafter.length == 6  # drafted entries rolled back, the states committed
-    # what the host walks read: each node's children, in tree order
-    assert tree.child_lists() == [(tree.parents == i).nonzero().flatten().tolist() for i in range(11)]
+    prompt = prompt_of(2, length=6)
+    tree = first_draft(target, drafter, TREE, prompt)
+    assert len(tree.tokens) == 11 and int(tree.tokens[0]) == int(target.prefill(prompt)[0].argmax())
+    parents, depths = tree.parents.tolist(), tree.depths.tolist()
+    assert all(parents[i] < i for i in range(1, 11))  # parents first: the mask can be built in one pass
+    assert all(depths[i] == depths[parents[i]] + 1 for i in range(1, 11))
+    assert max(depths) <= 3 and torch.equal(tree.positions, 6 + tree.depths)
+    assert drafter.length == 5  # the prompt's states but the last, committed; the round commits the last
     mask = ancestor_mask(tree.parents)
     for i in range(11):
         expected, node = {i}, i
         while node > 0:
-            node = int(tree.parents[node])
+            node = parents[node]
             expected.add(node)
         assert set(mask[i].nonzero().flatten().tolist()) == expected
 
@@ -46,19 +49,15 @@ def test_dynamic_tree_shape_and_masks():
 def test_tree_nodes_match_the_chained_drafter():
     """With every proposal kept, the best-child path is the greedy chain: per-node tree attention = the chain's."""
     model = ARCHITECTURES["llama"][0]()
-    _, drafter = runners(model)
-    gen = torch.Generator().manual_seed(4)
-    aux = torch.randn(1, 6, drafter.drafter.config.aux_width, generator=gen)
-    tokens = torch.randint(0, 256, (1, 6), generator=gen)
-    positions = torch.arange(6).unsqueeze(0)
-    chain = drafter.draft_chain(aux, tokens, positions, 3)
-    drafter.reset()
-    tree = draft_tree(drafter, aux, tokens, positions, root=int(tokens[0, -1]), top_k=3, depth=3, total=21)
-    node, path, children = 0, [], tree.child_lists()
+    target, drafter = runners(model)
+    prompt = prompt_of(4, length=6)
+    chain = first_draft(target, drafter, Speculation("chain", 3), prompt)
+    tree = first_draft(target, drafter, Speculation("tree", top_k=3, depth=3, total=21), prompt)
+    node, path, parents = 0, [], tree.parents.tolist()
     for _ in range(3):
-        node = children[node][0]  # children are stored best first
+        node = parents.index(node)  # children are stored best first
         path.append(int(tree.tokens[node]))
-    assert path == chain.tolist()
+    assert path == chain.tokens[1:].tolist()
 
 
 def test_scattered_accepted_nodes_are_compacted(monkeypatch):
@@ -66,46 +65,39 @@ def test_scattered_accepted_nodes_are_compacted(monkeypatch):
     target, drafter = runners(model)
     prompt = prompt_of(9)
     expected = reference_greedy(model, prompt, NEW_TOKENS + 8)
-    emitted = []
 
-    def oracle_tree(drafter, aux, next_tokens, positions, root, top_k, depth, total):
-        done = int(positions[0, -1]) + 2 - prompt.shape[1]
-        right = expected[done : done + 3]
+    def oracle_tree(self):
+        done = emitted_so_far(self, prompt.shape[1])
+        right = (expected + [0] * 128)[done : done + 3]  # a burst may run rounds past the end: any tokens do there
         wrong = [(t + 1) % 256 for t in right]
         # root → [wrong0, right0]; right0 → [wrong1, wrong1+1, right1]; right1 → [right2]
-        tokens = [root, wrong[0], right[0], wrong[1], (wrong[1] + 1) % 256, right[1], right[2]]
-        parents = [-1, 0, 0, 2, 2, 2, 5]
-        depths = [0, 1, 1, 2, 2, 2, 3]
-        emitted.append(right)
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths))
+        tokens = torch.tensor([int(self.state.root), wrong[0], right[0], wrong[1], (wrong[1] + 1) % 256, right[1], right[2]])
+        depths = torch.tensor([0, 1, 1, 2, 2, 2, 3])
+        return Draft(tokens, self.state.target_length + depths, torch.tensor([-1, 0, 0, 2, 2, 2, 5]), depths)
 
-    monkeypatch.setattr(decode, "draft_tree", oracle_tree)
+    monkeypatch.setattr(Round, "draft", oracle_tree)
     generation = generate(target, prompt, NEW_TOKENS, drafter, TREE)
     assert generation.tokens == expected[:NEW_TOKENS]
     assert generation.accepted == [3] * generation.rounds  # nodes 2, 5, 6: slots moved down each round
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_the_device_tree_verdict_is_the_tree_walk(seed):
-    """tree_verdict (no host synchronisation, what a tree burst runs) accepts the path walk_greedy accepts,
-    with its bonus, on dynamic trees whose target agrees down a random branch for a random depth."""
-    from eyas.engine.verify import tree_verdict, walk_greedy
-
+def test_the_tree_verdict_follows_the_greedy_rule(seed):
+    """tree_verdict (no host synchronisation, what a greedy tree round runs) accepts the path the greedy rule
+    accepts, with its bonus, on dynamic trees whose target agrees down a random branch for a random depth."""
     model = ARCHITECTURES["llama"][0]()
-    _, drafter = runners(model)
+    target, drafter = runners(model)
     gen = torch.Generator().manual_seed(seed)
-    aux = torch.randn(1, 5, drafter.drafter.config.aux_width, generator=gen)
-    tree = draft_tree(drafter, aux, torch.randint(0, 256, (1, 5), generator=gen), torch.arange(5).unsqueeze(0),
-                      root=7, top_k=3, depth=4, total=14)
-    logits = torch.randn(len(tree), 256, generator=gen)
-    node = int(torch.randint(0, len(tree), (1,), generator=gen))  # the target agrees down to this node
+    tree = first_draft(target, drafter, Speculation("tree", top_k=3, depth=4, total=14), prompt_of(seed, length=5))
+    logits = torch.randn(len(tree.tokens), 256, generator=gen)
+    node = int(torch.randint(0, len(tree.tokens), (1,), generator=gen))  # the target agrees down to this node
     while node > 0:
         parent = int(tree.parents[node])
         logits[parent, int(tree.tokens[node])] = 100.0
         node = parent
-    path, bonus = walk_greedy(tree, logits)
-    accepted, device_bonus, device_path = tree_verdict(tree.tokens, tree.parents, tree.depths, logits, 4)
-    assert int(accepted) == len(path) - 1 and int(device_bonus) == bonus
+    path = path_agreeing(tree.tokens.tolist(), tree.parents.tolist(), logits.argmax(-1).tolist())
+    accepted, bonus, device_path = tree_verdict(tree.tokens, tree.parents, tree.depths, logits, 4)
+    assert int(accepted) == len(path) - 1 and int(bonus) == int(logits[path[-1]].argmax())
     assert device_path[: len(path)].tolist() == path
 
 
@@ -127,13 +119,13 @@ def test_acceptance_walk_emits_the_target_distribution():
     gen = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(4, vocab, generator=gen) * 1.5, -1)
     # root → children tokens 2, 0, 5 (nodes 1-3); node 1 (token 2) → child token 4 (node 4)
-    tree = DraftTree(torch.tensor([9, 2, 0, 5, 4]), torch.tensor([-1, 0, 0, 0, 1]), torch.tensor([0, 1, 1, 1, 2]))
+    tokens, parents = [9, 2, 0, 5, 4], [-1, 0, 0, 0, 1]
     probs = torch.cat([probs, probs[1:2]])  # node 4's distribution: any distribution will do
     first = torch.zeros(vocab)
     second = torch.zeros(vocab)  # after the first token was 2 (node 1 accepted)
     for _ in range(draws):
-        path, bonus = walk_sampling(tree, probs, gen)
-        emitted = [int(tree.tokens[n]) for n in path[1:]] + [bonus]
+        path, bonus = walk_sampling(tokens, parents, probs, gen)
+        emitted = [tokens[n] for n in path[1:]] + [bonus]
         first[emitted[0]] += 1
         if len(path) > 1 and path[1] == 1:
             second[emitted[1]] += 1
@@ -163,17 +155,6 @@ def test_top_p_keeps_the_smallest_nucleus():
     assert torch.allclose(target_probs(logits, Sampling(1.0, 0.81)), torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95)
 
 
-class FixedProposals(DraftRunner):
-    """Proposes fixed drafts (for a chain) whatever the context: verification must stay lossless anyway."""
-
-    def __init__(self, base: DraftRunner, drafts: list[int]):
-        super().__init__(base.drafter, base.capacity)
-        self.drafts = drafts
-
-    def draft_chain(self, aux, next_tokens, positions, steps):
-        return torch.tensor(self.drafts[:steps])
-
-
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_speculative_sampling_follows_the_target_end_to_end(mode, monkeypatch):
     """The token decided by the acceptance walk vs the target's exact distribution, through the engine.
@@ -190,11 +171,18 @@ def test_speculative_sampling_follows_the_target_end_to_end(mode, monkeypatch):
         second_probs = target_probs(model(torch.cat([prompt, torch.tensor([[first]])], 1)).logits[0, -1], sampling)
     likely = second_probs.topk(2).indices.tolist()
     if mode == "chain":
-        drafter, speculation = FixedProposals(drafter, [likely[0], 0, 0]), Speculation("chain", 3)
+        speculation = Speculation("chain", 3)
+
+        def fixed(self):  # the same three drafts whatever the context: verification must stay lossless anyway
+            return Draft(torch.cat([self.state.root, torch.tensor([likely[0], 0, 0])]), self.state.target_length + self.steps)
     else:
         speculation = TREE
-        monkeypatch.setattr(decode, "draft_tree", lambda d, a, t, p, root, *args: DraftTree(
-            torch.tensor([root, likely[1], likely[0]]), torch.tensor([-1, 0, 0]), torch.tensor([0, 1, 1])))
+
+        def fixed(self):
+            depths = torch.tensor([0, 1, 1])
+            return Draft(torch.cat([self.state.root, torch.tensor([likely[1], likely[0]])]), self.state.target_length + depths,
+                         torch.tensor([-1, 0, 0]), depths)
+    monkeypatch.setattr(Round, "draft", fixed)
     counts, accepted = torch.zeros(256), 0
     for seed in range(800):
         g = generate(target, prompt, 2, drafter, speculation, Sampling(temperature=0.05, seed=seed))

@@ -336,9 +336,9 @@ def generate(
 
     from eyas.bench.run import parse_mode
     from eyas.data.benchmarks import render
+    from eyas.engine.acceptance import Sampling
     from eyas.engine.decode import generate as decode
     from eyas.engine.loading import load_engine, prompt_tensor
-    from eyas.engine.verify import Sampling
     from eyas.target.loading import load_target
 
     with _user_errors():

@@ -124,8 +124,8 @@ def _bench(console: Console, out: Path, draft: Path, size: DemoSize) -> dict:
     from eyas.bench.report import rows, write_report
     from eyas.bench.run import parse_modes, run_bench
     from eyas.data.benchmarks import load_prompts
+    from eyas.engine.acceptance import Sampling
     from eyas.engine.loading import load_engine
-    from eyas.engine.verify import Sampling
 
     modes = parse_modes(size.modes)
     max_prompt_tokens = 1024

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from eyas.data.benchmarks import Prompt
+from eyas.engine.acceptance import Sampling
 from eyas.engine.decode import Generation, Speculation, generate
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
-from eyas.engine.verify import Sampling
 from eyas.errors import EyasError
 
 

@@ -36,8 +36,8 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     from eyas.bench.report import write_report
     from eyas.bench.run import parse_modes, run_bench
     from eyas.data.benchmarks import load_prompts
+    from eyas.engine.acceptance import Sampling
     from eyas.engine.loading import load_engine
-    from eyas.engine.verify import Sampling
     from eyas.progress import progress_bar
     from eyas.target.loading import load_target
 

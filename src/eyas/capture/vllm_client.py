@@ -34,6 +34,7 @@ from eyas.errors import EyasError
 from eyas.io import atomic_path
 from eyas.target.layer_ids import validate_layer_ids
 from eyas.target.loading import resolve_target
+from eyas.target.taps import Taps
 from eyas.target.weights import load_final_norm
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -128,13 +129,12 @@ def load_worker_states(states_dir: Path, entry: dict) -> tuple[torch.Tensor, tor
 
 
 def split_states(
-    hidden: torch.Tensor, tapped: tuple[int, ...], layer_ids: tuple[int, ...], norm: nn.Module
+    hidden: torch.Tensor, tapped: tuple[int, ...], taps: Taps, norm: nn.Module
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Worker states [T, m, H] at ids ``tapped`` → (aux [T, k·H] low→high, final [T, H] = norm(id N))."""
-    tokens, _, width = hidden.shape
-    aux = hidden[:, [tapped.index(i) for i in layer_ids]].reshape(tokens, len(layer_ids) * width)
+    """Worker states [T, m, H] at ids ``tapped`` → (aux [T, k·H] in the taps' slots, final [T, H] = norm(id N))."""
+    aux = taps.assemble(hidden, tapped)
     with torch.no_grad():
-        final = norm(hidden[:, len(tapped) - 1])  # id N is always the last tapped
+        final = norm(hidden[:, tapped.index(taps.num_layers)])  # the final norm's input is id N
     return aux, final
 
 
@@ -204,7 +204,7 @@ def capture_with_vllm(
     check_vllm_python(python)
     source = resolve_target(target_source)
     tapped = worker_layer_ids(tuple(layer_ids), num_layers)
-    layer_ids = tuple(layer_ids)
+    taps = Taps(layer_ids, num_layers)
     norm = load_final_norm(source, num_layers)
     workdir = Path(workdir)
     states_dir = workdir / "states"
@@ -225,7 +225,7 @@ def capture_with_vllm(
                     f"({tokens.numel()} vs {input_ids.size}); the workdir holds a capture of other data: "
                     "empty it or use another one"
                 )
-            aux, final = split_states(hidden, tapped, layer_ids, norm.to(hidden.dtype))
+            aux, final = split_states(hidden, tapped, taps, norm.to(hidden.dtype))
             yield sample_id, aux, final
         code = worker.process.wait()
         worker.returncode()

@@ -90,8 +90,8 @@ def _gradient_into(out: torch.Tensor, z: torch.Tensor, p: torch.Tensor, lse: tor
 
 class _ChunkKernels:
     """The chunk functions fused by ``torch.compile``, used on CUDA: eagerly, each is several full passes
-    over a chunk of logits ([rows, T, Vd] floats), and on the H200 those passes were the largest item of
-    a training step (BENCHMARKS.md, "Follow-up"); compiled, the row terms are one reduction and the
+    over a chunk of logits ([rows, T, Vd] floats), the largest item of a training step on a GPU
+    (``benchmarks/train_profile.py``); compiled, the row terms are one reduction and the
     gradient one more. On the CPU the eager functions are faster once compilation is counted
     for a short run, and they need no compiler. A compiler error is reported once, then eager it is."""
 

@@ -15,9 +15,8 @@ Attention at step k is one softmax over T causal scores plus k "own" scores. Two
 equal up to rounding (a test pins them together), chosen by device:
   - on a GPU, one fused ``scaled_dot_product_attention`` over [real keys ‖ each step's own keys]
     under a [T, (k+1)·T] mask: k+1 times the keys, most of them masked, but the kernel (cuDNN)
-    never writes the scores to memory. On the H200 a training step of 8 × 2,048 tokens took 290.8 ms
-    this way against 338.4 ms with the scores written out (``benchmarks/train_profile.py``, TTT 7,
-    eager loss, 2026-11-30; BENCHMARKS.md);
+    never writes the scores to memory, which makes a training step faster than writing the scores out
+    (``benchmarks/train_profile.py`` measures both);
   - elsewhere, the scores as they are: the real keys' [B, h, T, T] once and each earlier step's own
     key as one dot product per position. On a CPU, SDPA with a mask materialises every masked score,
     so the concatenation would cost k+1 times the work and memory at step k.

@@ -2,9 +2,8 @@
 
 A verify step's attention is a few dozen queries against a few hundred cache slots: tiny work, all
 latency. SDPA's cuDNN kernel gives each query head one program that walks the whole cache (9
-programs for the demo target), after the key and value heads are copied once per query head, and the
-H200 spends ~15 µs a layer on it over 660 slots, with two copies and a memset around it
-(BENCHMARKS.md, the round's kernel trace). Here instead:
+programs for the demo target), after the key and value heads are copied once per query head, with two
+copies and a memset around it. Here instead:
 
 - one program per (key head, block of 64 slots, tile of query rows): the queries of every query head
   sharing that key head are the rows (no key or value copy), scored against the block with the
@@ -28,12 +27,10 @@ except ImportError:  # pragma: no cover — depends on the torch build
     triton = None
 
 BLOCK_SLOTS = 64
-# Query rows (query heads per key head × tokens) per program, and per merging program. Measured on the
-# H200 (2026-11-30, benchmarks/attention_tiles_gpu.py, BENCHMARKS.md), 648 slots, 9 query / 3 key heads:
-# tiles of 64 rows merged 16 rows a program took 7.4 / 7.5 / 7.7 µs for 33 / 49 / 61 tokens, against
-# 8.9–10.0 µs for one tile of 128 and ~24.7 µs for SDPA; the merge was the slow half (it loops over every
-# block, so more programs with fewer rows each win). Up to 192 rows (61 tokens of a 3-query-head group,
-# the most measured) run here; more go to SDPA.
+# Query rows (query heads per key head × tokens) per program, and per merging program: the tiling
+# benchmarks/attention_tiles_gpu.py found fastest (its figures are in benchmarks/LOG.md). The merge is the
+# slow half (it loops over every block), so more programs with fewer rows each win. Up to 192 rows (61 tokens
+# of a 3-query-head group, the most measured) run here; more go to SDPA.
 TILE_ROWS = 64
 MERGE_ROWS = 16
 MAX_ROWS = 192

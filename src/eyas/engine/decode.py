@@ -1,12 +1,10 @@
 """Decoding, plain or speculative (chain or EAGLE-2 tree), greedy or sampled (batch 1).
 
-A round: the drafter, given the target states of every token the target has accepted so far,
-drafts after the target's last token (the root); the target runs the root and every draft in one
-forward (a tree attends through :func:`eyas.engine.tree.ancestor_mask`); :mod:`eyas.engine.verify`
-picks the accepted path and the target's own next token after it (the bonus). A round emits
-accepted + 1 tokens; τ, the mean acceptance length (DESIGN "Conventions"), is their mean over
-rounds — the quantity vLLM reports as 1 + accepted / drafts. Speculation never changes the output's
-distribution: greedy output equals the target's greedy output token for token, sampled output
+A generation is the target's prefill of the prompt, whose next token is the first one emitted, then
+rounds (:mod:`eyas.engine.round`: draft → verify → accept → commit) until a stop token or the limit. Plain
+decoding is the same round with nothing drafted. Greedy rounds run on the device in bursts
+(:mod:`eyas.engine.burst`); sampled rounds take their acceptance on the host. Speculation never changes the
+output's distribution: greedy output equals the target's greedy output token for token, sampled output
 follows the target's distribution.
 """
 
@@ -17,36 +15,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eyas.engine.chain_burst import ChainBurst
+from eyas.engine.acceptance import Sampling, sample, target_probs
+from eyas.engine.burst import Burst
 from eyas.engine.draft_runner import DraftRunner
-from eyas.engine.round_burst import RoundBurst
+from eyas.engine.round import Round, Speculation
 from eyas.engine.target_runner import TargetRunner
-from eyas.engine.tree import DraftTree, ancestor_mask, chain_tree, draft_tree
-from eyas.engine.tree_burst import TreeBurst
-from eyas.engine.verify import Sampling, accept_chain_greedy, sample, target_probs, walk_greedy, walk_sampling
 
-
-@dataclass(frozen=True)
-class Speculation:
-    """``chain``: ``draft_length`` tokens; ``tree``: EAGLE-2 dynamic tree (top_k, depth, total draft tokens)."""
-
-    mode: str = "chain"
-    draft_length: int = 5
-    top_k: int = 10
-    depth: int = 7
-    total: int = 60
-
-    @property
-    def draft_tokens(self) -> int:
-        """Tokens verified after the root each round: what the caches must hold beyond the answer."""
-        return self.draft_length if self.mode == "chain" else self.total
-
-    @property
-    def max_depth(self) -> int:
-        return self.draft_length if self.mode == "chain" else self.depth
-
-    def label(self) -> str:
-        return f"chain:{self.draft_length}" if self.mode == "chain" else f"tree:{self.total},{self.depth},{self.top_k}"
+__all__ = ["Generation", "Speculation", "generate", "round_for"]
 
 
 @dataclass
@@ -71,173 +46,92 @@ class Generation:
         return [sum(a > i for a in self.accepted) / max(1, self.rounds) for i in range(self.max_depth)]
 
 
-def _emit(out: list[int], new: Iterable[int], max_new_tokens: int, stop: set[int]) -> bool:
-    """Append tokens until a stop token (kept) or the limit; True when generation is over."""
-    for token in new:
-        out.append(token)
-        if token in stop or len(out) >= max_new_tokens:
-            return True
-    return False
+class _Output:
+    """The tokens emitted so far, cut at a stop token (kept) or the limit, shown to ``on_tokens`` as they come."""
+
+    def __init__(self, limit: int, stop: set[int], on_tokens: Callable[[list[int]], None] | None, max_depth: int):
+        self.limit, self.stop, self.on_tokens = limit, stop, on_tokens
+        self.generation = Generation(tokens=[], max_depth=max_depth)
+
+    @property
+    def remaining(self) -> int:
+        return self.limit - len(self.generation.tokens)
+
+    def emit(self, new: Iterable[int]) -> bool:
+        """Append tokens until a stop token or the limit; True when generation is over."""
+        tokens, before, done = self.generation.tokens, len(self.generation.tokens), False
+        for token in new:
+            tokens.append(token)
+            if token in self.stop or len(tokens) >= self.limit:
+                done = True
+                break
+        if self.on_tokens is not None:
+            self.on_tokens(tokens[before:])
+        return done
+
+    def round(self, accepted: int, new: list[int]) -> bool:
+        """A round's outcome: its acceptance counted (when speculating), its tokens emitted."""
+        if self.generation.max_depth:
+            self.generation.accepted.append(accepted)
+        return self.emit(new)
 
 
-class _Chooser:
-    """The target's next token from logits: argmax, or a sample from its (temperature, top-p) distribution.
-    Distributions are computed where the logits are; the host draws only the uniforms (one seeded
-    generator, so a seed gives the same draws on any device)."""
-
-    def __init__(self, sampling: Sampling):
-        self.sampling = sampling
-        self.generator = torch.Generator().manual_seed(sampling.seed)
-
-    def next_token(self, logits: torch.Tensor) -> int:
-        if self.sampling.greedy:
-            return int(logits.argmax())
-        return sample(target_probs(logits, self.sampling), self.generator)  # on the logits' device
-
-    def walk(self, tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
-        if self.sampling.greedy:
-            return walk_greedy(tree, logits)  # the argmax on the logits' device: n ids cross, not n·V logits
-        return walk_sampling(tree, target_probs(logits, self.sampling), self.generator)
-
-
-def prepare_rounds(drafter: DraftRunner, speculation: Speculation, aux: torch.Tensor) -> None:
-    """With static shapes, run the drafter once (on a GPU: record its graphs) in every shape a round of
-    ``speculation`` can take, before the first round. A round commits 1 … max depth + 1 accepted states;
-    left to decoding, each length would be recorded the first time it is accepted, in the middle of a
-    timed generation (tens of milliseconds a recording, seconds when compiled). Once per mode."""
-    if not drafter.static_shapes or speculation.label() in drafter.prepared_modes:
-        return
-    width, dtype = aux.shape[-1], aux.dtype
-
-    def draft(count: int, start: int) -> None:
-        states = torch.zeros(1, count, width, dtype=dtype)
-        tokens = torch.zeros(1, count, dtype=torch.long)
-        positions = torch.arange(start, start + count).unsqueeze(0)
-        if speculation.mode == "chain":
-            drafter.draft_chain(states, tokens, positions, speculation.draft_length)
-        else:
-            draft_tree(drafter, states, tokens, positions, 0, speculation.top_k, speculation.depth, speculation.total)
-
-    for count in range(1, speculation.max_depth + 2):
-        drafter.reset()
-        draft(1, 0)  # a one-token prompt: committed eagerly, then the drafting steps every round shares
-        draft(count, 1)  # a round's accepted states
-    drafter.reset()
-    drafter.prepared_modes.add(speculation.label())
-
-
+@torch.no_grad()
 def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, drafter: DraftRunner | None = None,
              speculation: Speculation | None = None, sampling: Sampling | None = None,
              stop_ids: Iterable[int] = (), on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
     """Generate after ``prompt`` [1, P]; with a drafter and a :class:`Speculation`, speculatively.
     ``on_tokens`` sees every batch of emitted tokens as it is decided (for streaming)."""
-    stop, chooser = set(stop_ids), _Chooser(sampling or Sampling())
-
-    length = prompt.shape[1]
-    last_logits, aux = target.prefill(prompt)
-    token = chooser.next_token(last_logits)
+    sampling = sampling or Sampling()
+    generator = torch.Generator().manual_seed(sampling.seed)  # the host draws every uniform: one seed, one output
     speculating = drafter is not None and speculation is not None
-    result = Generation(tokens=[], max_depth=speculation.max_depth if speculating else 0)
+    output = _Output(max_new_tokens, set(stop_ids), on_tokens, speculation.max_depth if speculating else 0)
+    # 1. the prompt: the target's prefill, whose next token is the first emitted
+    logits, aux = target.prefill(prompt)
+    token = int(logits.argmax()) if sampling.greedy else sample(target_probs(logits, sampling), generator)
+    if output.emit([token]):
+        return output.generation
+    # 2. the rounds, plain or speculative, until a stop token or the limit
+    decoding_round, burst = round_for(target, drafter if speculating else None, speculation if speculating else None)
+    decoding_round.begin(prompt, aux, token)
+    if sampling.greedy:
+        _greedy_rounds(burst, output)
+    else:
+        _sampled_rounds(decoding_round, output, sampling, generator)
+    return output.generation
 
-    def emit(new: Iterable[int]) -> bool:
-        before = len(result.tokens)
-        done = _emit(result.tokens, new, max_new_tokens, stop)
-        if on_tokens is not None:
-            on_tokens(result.tokens[before:])
-        return done
 
-    if emit([token]):
-        return result
-    if not speculating and target.static_shapes and chooser.sampling.greedy:
-        while True:  # bursts: the host reads tokens back every BURST steps, not after each one
-            tokens = target.greedy_burst(token, min(target.BURST, max_new_tokens - len(result.tokens)))
-            if emit(tokens):
-                return result
-            token = tokens[-1]
-    if not speculating:
-        while True:
-            logits, _ = target.forward(torch.tensor([[token]]), torch.tensor([[target.length]]))
-            target.commit(torch.tensor([0]))
-            token = chooser.next_token(logits[0, -1])
-            if emit([token]):
-                return result
-    greedy_chain = speculation.mode == "chain" and chooser.sampling.greedy
-    burst = round_burst(target, drafter, speculation) if (
-        chooser.sampling.greedy and target.static_shapes and drafter.static_shapes) else None
-    if burst is None:  # host-driven rounds: their drafter shapes recorded up front
-        prepare_rounds(drafter, speculation, aux)
-    drafter.reset()
-    # the drafter pairs the target state of each token with the token after it
-    pending_aux, pending_tokens = aux, torch.cat([prompt[:, 1:], torch.tensor([[token]])], dim=1)
-    pending_positions = torch.arange(length).unsqueeze(0)
-    new = [token]
-    if burst is not None and length > 1:
-        # the first round is a burst's too: every prompt state but the last goes straight into the drafter
-        drafter.commit(pending_aux[:, :-1], pending_tokens[:, :-1], pending_positions[:, :-1])
-        pending_aux, pending_tokens, pending_positions = (t[:, -1:] for t in (pending_aux, pending_tokens, pending_positions))
+def _greedy_rounds(burst: Burst, output: _Output) -> None:
+    """Rounds in bursts on the device; the next burst is queued before the last one is read back (each round
+    emits a token at least, so ``remaining − queued`` rounds can still be of use)."""
+    burst.start()
+    most_in_flight = 2 if burst.pipelined else 1
     while True:
-        # With static shapes, greedy rounds run on the device in bursts; the host replays each one's outcome in
-        # order, so output and τ are the round-by-round ones. Host-driven rounds finish what no burst fits.
-        while burst is not None and (rounds := burst.rounds_that_fit(max_new_tokens - len(result.tokens))) > 0:
-            burst.start(rounds, pending_aux, new, pending_positions[0].tolist(), token)
-            while True:
-                # the next burst is queued before this one is read back (each round emits a token at least)
-                more = burst.rounds_that_fit(max_new_tokens - len(result.tokens) - burst.queued_rounds)
-                if more > 0 and burst.pipelined:
-                    burst.extend(more)
-                for accepted, new in burst.collect():
-                    result.accepted.append(accepted)
-                    if emit(new):
-                        return result
-                if not burst.queued_rounds:
-                    break
-            token, end = new[-1], target.length
-            pending_aux = burst.aux[:, : len(new)]
-            pending_tokens = torch.tensor([new])
-            pending_positions = torch.arange(end - len(new), end).unsqueeze(0)
-
-        start = target.length  # the root's position: emitted, not yet run by the target
-        if greedy_chain:
-            # drafts stay on the device: drafter, target and verdict queue back to back, one read-back a round
-            drafts = drafter.draft_chain(pending_aux, pending_tokens, pending_positions, speculation.draft_length)
-            positions = (start + torch.arange(len(drafts) + 1)).unsqueeze(0)
-            logits, aux = target.forward(torch.tensor([[token]]), positions, drafted=drafts)
-            accepted, bonus, drafted = accept_chain_greedy(drafts.to(logits.device), logits[0])
-            target.commit(torch.arange(accepted + 1))
-            new = [*drafted[:accepted], bonus]
-            pending_aux = aux[:, : accepted + 1]  # a view of the aux buffer, read by the drafter before the next forward
-        else:
-            if speculation.mode == "chain":
-                tree = chain_tree(token, drafter.draft_chain(pending_aux, pending_tokens, pending_positions,
-                                                             speculation.draft_length))
-            else:
-                tree = draft_tree(drafter, pending_aux, pending_tokens, pending_positions, token, speculation.top_k,
-                                  speculation.depth, speculation.total)
-            mask = None if speculation.mode == "chain" else ancestor_mask(tree.parents, speculation.depth)
-            logits, aux = target.forward(tree.tokens.unsqueeze(0), (start + tree.depths).unsqueeze(0), mask)
-            path, bonus = chooser.walk(tree, logits[0])
-            keep = torch.tensor(path)
-            target.commit(keep)
-            accepted, new = len(path) - 1, [*tree.tokens[keep[1:]].tolist(), bonus]
-            # a chain's path is a prefix: a view of the aux buffer, read by the drafter before the next forward
-            pending_aux = aux[:, : len(path)] if path[-1] == len(path) - 1 else aux[:, keep.to(aux.device)]
-        result.accepted.append(accepted)
-        if emit(new):
-            return result
-        token = bonus
-        pending_tokens = torch.tensor([new])
-        pending_positions = (start + torch.arange(accepted + 1)).unsqueeze(0)
+        while burst.in_flight < most_in_flight and (more := burst.rounds_that_fit(
+                output.remaining - burst.queued_rounds)) > 0:
+            burst.extend(more)
+        if not burst.in_flight:
+            raise burst.round.no_room()
+        for accepted, new in burst.collect():
+            if output.round(accepted, new):
+                return
 
 
-def round_burst(target: TargetRunner, drafter: DraftRunner, speculation: Speculation) -> RoundBurst:
-    """The pair's burst runner for ``speculation``, made once: its recorded round reads and writes this
-    instance's buffers, so every later generation must use the same instance."""
-    key = (id(drafter), speculation.label())
-    burst = target.bursts.get(key)
-    if burst is None or burst.drafter is not drafter:
-        if speculation.mode == "chain":
-            burst = ChainBurst(target, drafter, speculation.draft_length)
-        else:
-            burst = TreeBurst(target, drafter, speculation.top_k, speculation.depth, speculation.total)
-        target.bursts[key] = burst
-    return burst
+def _sampled_rounds(decoding_round: Round, output: _Output, sampling: Sampling, generator: torch.Generator) -> None:
+    """Rounds one at a time, each accepting on the host with the seeded generator."""
+    while True:
+        if not decoding_round.rounds_that_fit(1):
+            raise decoding_round.no_room()
+        if output.round(*decoding_round.sampled(sampling, generator)):
+            return
+
+
+def round_for(target: TargetRunner, drafter: DraftRunner | None, speculation: Speculation | None) -> tuple[Round, Burst]:
+    """The pair's round for ``speculation`` (None: plain decoding) and its burst, made once: their recordings read
+    and write these instances' buffers, so every later generation must use the same instances."""
+    key = (None if drafter is None else id(drafter), None if speculation is None else speculation.label())
+    made = target.rounds.get(key)
+    if made is None or made[0].drafter is not drafter:
+        decoding_round = Round(target, drafter, speculation)
+        made = target.rounds[key] = (decoding_round, Burst(decoding_round))
+    return made

@@ -1,19 +1,19 @@
-"""A lean decoding forward for Llama-family targets (Llama, Mistral, Qwen2, Qwen3).
+"""A fused decoding forward for Llama-family targets (Llama, Mistral, Qwen2, Qwen3).
 
 The same arithmetic as the HF forward — it calls the model's own norms, rotary embedding,
 activation and lm_head — with fewer kernels, which is what a small target's decode step costs on a
-GPU (BENCHMARKS.md, the engine's kernel table: ~210 tiny matmuls and ~900 elementwise kernels per
-step of the demo target):
+GPU (a decode step of the demo target is ~210 tiny matmuls and ~900 elementwise kernels through the
+HF forward):
 - q/k/v are one matmul and gate/up another: the projection weights are concatenated once, and the
   HF modules' weights become views into the concatenation (no second copy; the model is unchanged
   for everyone else);
 - attention, on a GPU, is :mod:`eyas.engine.attention`'s two Triton kernels (the query heads of a
   key head as the rows of one tile, programs split across the cache); elsewhere HF's own (keys
   repeated per query head, then SDPA);
-- the EAGLE-3 aux states are written straight into the runner's buffer (no hooks), and keys and
-  values into the runner's slot cache.
-The prefill and any other architecture use the HF forward. ``tests/test_engine_lean.py`` pins the
-lean forward to the HF one (logits and aux states, every supported architecture).
+- the EAGLE-3 aux states are written straight into the runner's buffer where :class:`eyas.target.taps.Taps`
+  puts them (no hooks), and keys and values into the runner's slot cache.
+The prefill and any other architecture use the HF forward. ``tests/test_engine_fused_llama.py`` pins the
+fused forward to the HF one (logits and aux states, every supported architecture).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from eyas.engine.attention import attend, kernels_available
 from eyas.engine.kv import SlotCache
 from eyas.target.layout import TargetLayout
+from eyas.target.taps import Taps
 
 SUPPORTED = {"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"}
 
 
-def lean_support(model: nn.Module, layout: TargetLayout) -> str | None:
-    """None when the lean forward serves ``model``; otherwise why not (for the log)."""
+def fused_support(model: nn.Module, layout: TargetLayout) -> str | None:
+    """None when the fused forward serves ``model``; otherwise why not (for the log)."""
     for layer in layout.layers:
         attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         if type(attention).__name__ not in SUPPORTED:
@@ -67,12 +68,12 @@ def _fuse(modules: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
-class LeanForward:
-    """``forward(ids [1, n], positions [1, n], mask [1, 1, n, capacity], slots [n]) → logits [1, n, V]``,
-    writing the aux states of ``layer_ids`` into ``aux`` [1, capacity, k·H] rows [0, n)."""
+class FusedLlamaForward:
+    """``forward(ids [1, n], positions [1, n], mask [1, 1, n, visible], slots [n], aux) → logits [1, n, V]``,
+    writing the states ``taps`` names into ``aux`` [1, capacity, k·H] rows [0, n)."""
 
-    def __init__(self, model: nn.Module, layout: TargetLayout, cache: SlotCache, layer_ids: list[int]):
-        self.layout, self.cache, self.layer_ids = layout, cache, list(layer_ids)
+    def __init__(self, model: nn.Module, layout: TargetLayout, cache: SlotCache, taps: Taps):
+        self.layout, self.cache, self.taps = layout, cache, taps
         self.rotary = _rotary(model, layout)
         self.kernels = kernels_available(layout.embed.weight.device)  # eyas.engine.attention's, on a recent GPU
         self.layers = []
@@ -84,23 +85,23 @@ class LeanForward:
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor,
                 aux: torch.Tensor) -> torch.Tensor:
-        n = ids.shape[1]
         hidden = self.layout.embed(ids)
         cos, sin = self.rotary(hidden, positions)
-        width = hidden.shape[-1]
-        taps = {layer_id: index for index, layer_id in enumerate(self.layer_ids)}
         for layer_id, (layer, qkv_weight, qkv_bias, gate_up_weight) in enumerate(self.layers):
-            if layer_id in taps:
-                aux[:, :n, taps[layer_id] * width : (taps[layer_id] + 1) * width].copy_(hidden)
+            self._tap(aux, layer_id, hidden)
             hidden = hidden + self._attention(layer, layer_id, layer.input_layernorm.forward(hidden), qkv_weight,
                                               qkv_bias, cos, sin, mask, slots)
             mlp = layer.mlp
             gate, up = F.linear(layer.post_attention_layernorm.forward(hidden), gate_up_weight).chunk(2, dim=-1)
             hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
-        if len(self.layers) in taps:  # layer id = num_layers: the input of the final norm
-            index = taps[len(self.layers)]
-            aux[:, :n, index * width : (index + 1) * width].copy_(hidden)
+        self._tap(aux, len(self.layers), hidden)  # layer id N: the final norm's input
         return self.layout.lm_head(self.layout.norm.forward(hidden))
+
+    def _tap(self, aux: torch.Tensor, layer: int, hidden: torch.Tensor) -> None:
+        """Copy the residual stream entering decoder ``layer`` into its aux slot, when it is tapped."""
+        index = self.taps.entering(layer)
+        if index is not None:
+            self.taps.view(aux, index)[:, : hidden.shape[1]].copy_(hidden)
 
     def _attention(self, layer, layer_id, x, qkv_weight, qkv_bias, cos, sin, mask, slots) -> torch.Tensor:
         attention = layer.self_attn

@@ -1,8 +1,8 @@
 """Replay fixed-shape steps from CUDA graphs.
 
 A small target on a big GPU is launch-bound: an eager decode step of the 30-layer demo target
-launches ~1,000 kernels from Python and takes ~28 ms on the H200, while the GPU work itself is well
-under a millisecond. A CUDA graph records one step's kernels once and replays them with one launch.
+launches ~1,000 kernels from Python and takes tens of milliseconds, while the GPU work itself is well
+under one. A CUDA graph records one step's kernels once and replays them with one launch.
 What it needs from the step: every input read from, and every output written to, the same memory
 each time (the runners keep per-shape input buffers), and no host synchronisation inside.
 
@@ -49,15 +49,23 @@ class StepGraphs:
     def __len__(self) -> int:
         return len(self._graphs)
 
+    def has(self, key: Hashable) -> bool:
+        """Whether a graph is recorded for ``key``."""
+        return key in self._graphs
+
+    def replay(self, key: Hashable) -> Any:
+        """Replay the graph recorded for ``key`` (which must exist) → its outputs; for measuring a recording alone."""
+        graph, outputs = self._graphs[key]
+        graph.replay()
+        return outputs
+
     def run(self, key: Hashable, step: Step) -> Any:
         """Replay the graph recorded for ``key``, recording ``step`` first if there is none. The warm-up
         runs really execute: a step may write scratch memory (cache slots past the committed ones)
         but must not change what it reads (else see :meth:`ensure`)."""
         if not self.enabled or (key not in self._graphs and not self._try_record(key, step)):
             return step()
-        graph, outputs = self._graphs[key]
-        graph.replay()
-        return outputs
+        return self.replay(key)
 
     def ensure(self, key: Hashable, step: Step) -> bool:
         """Record ``step`` for ``key`` unless it already is; True when a recording was just attempted —

@@ -44,7 +44,7 @@ def load_engine(target_spec: str, draft_dir: Path | None, capacity: int, device:
                                dtype=layout.embed.weight.dtype)
     runner = TargetRunner(target.model, layout, drafter.config.layer_ids if drafter else None, capacity, graphs=graphs,
                           compile=compile, lean=lean)
-    draft_runner = DraftRunner(drafter, capacity + DRAFTER_SPARE, graphs=graphs) if drafter else None
+    draft_runner = DraftRunner(drafter, capacity + DRAFTER_SPARE) if drafter else None
     return Engine(target, runner, draft_runner, set(stop_ids(target.model, target.tokenizer)))
 
 

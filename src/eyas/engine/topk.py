@@ -1,10 +1,10 @@
 """The k largest entries of each row, in two small kernels on a GPU.
 
 The drafter picks its ``top_k`` proposals from 32 k logits at every tree level. ``torch.topk`` does it
-with a multi-block radix select: ~20 kernels and ~60 µs a level on the H200 (BENCHMARKS.md, the
-round's kernel trace), ~10 % of a whole greedy tree round. For a small k a radix select is the wrong
-tool: each block of a row can keep its own k best in registers (k passes of a max), and one more
-program per row picks the k best of those candidates.
+with a multi-block radix select of some twenty kernels, a noticeable share of a whole greedy tree round
+on a GPU (the round traces in benchmarks/LOG.md). For a small k a radix select is the wrong tool: each
+block of a row can keep its own k best in registers (k passes of a max), and one more program per row
+picks the k best of those candidates.
 
 ``largest(x, k)`` → (values, indices), as ``x.topk(k, dim=-1)`` of a 2-D ``x``: values in descending
 order. The Triton kernels run for CUDA tensors and small k, and break ties towards the lower index;

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from eyas.errors import CaptureError
-from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
 from eyas.target.layout import TargetLayout
+from eyas.target.taps import TapRecord, Taps, hidden_argument
 
 _BYPASS_FIX = (
     "capture needs an eager forward in which every decoder layer module runs: pass the "
@@ -55,9 +55,9 @@ class _Buffers:
     Copies, not references: a model updating its residual in place cannot alter them.
     """
 
-    def __init__(self, batch: int, tokens: int, width: int, taps: int):
-        self.shape = (batch, tokens, width * taps)
-        self.width = width
+    def __init__(self, batch: int, tokens: int, width: int, taps: Taps):
+        self.shape = (batch, tokens, width * len(taps))
+        self.width, self.taps = width, taps
         self.aux: torch.Tensor | None = None
         self.final: torch.Tensor | None = None
         self._host: list[torch.Tensor] = []
@@ -69,7 +69,7 @@ class _Buffers:
         def store(tensor: torch.Tensor) -> torch.Tensor:
             if self.aux is None:
                 self.aux = torch.empty(self.shape, dtype=tensor.dtype, device=tensor.device)
-            slot = self.aux[..., index * self.width : (index + 1) * self.width]
+            slot = self.taps.view(self.aux, index)
             slot.copy_(tensor.detach())  # crosses GPUs when the target spans several
             return slot
 
@@ -101,34 +101,6 @@ class _Buffers:
         return self._host[0], self._host[1]
 
 
-class _Tap:
-    """One hook's record: how often it fired, and the tensor it saw the first time."""
-
-    def __init__(self, what: str, expect: tuple[int, ...], store: Callable[[torch.Tensor], torch.Tensor]):
-        self.what = what
-        self.expect = expect  # leading dims the tensor must have, e.g. (B, T, H)
-        self.store = store
-        self.calls = 0
-        self.shape: tuple[int, ...] | None = None
-        self.tensor: torch.Tensor | None = None
-
-    def record(self, tensor: torch.Tensor) -> None:
-        self.calls += 1
-        if self.calls == 1:
-            self.shape = tuple(tensor.shape)
-            if self.shape[: len(self.expect)] == self.expect:
-                self.tensor = self.store(tensor)
-
-    def problem(self) -> str | None:
-        if self.calls == 0:
-            return f"the hook on {self.what} did not fire"
-        if self.calls > 1:
-            return f"the hook on {self.what} fired {self.calls} times in one forward (expected once)"
-        if self.shape[: len(self.expect)] != self.expect:
-            return f"{self.what} saw a tensor of shape {list(self.shape)}, expected {list(self.expect)} (batch, tokens, hidden)"
-        return None
-
-
 def capture_hidden_states(
     model: nn.Module,
     layout: TargetLayout,
@@ -145,7 +117,7 @@ def capture_hidden_states(
     states are copied to pinned host memory as they are produced; otherwise they stay on the
     model's device. Raises CaptureError rather than returning anything partial.
     """
-    ids = validate_layer_ids(layer_ids or default_layer_ids(layout.num_layers), layout.num_layers)
+    taps = Taps(layer_ids, layout.num_layers)
     _refuse_bypassing_setups(model, layout)
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
@@ -153,51 +125,36 @@ def capture_hidden_states(
     lengths = _right_padded_lengths(input_ids, attention_mask)
     batch, tokens = input_ids.shape
     expect = (batch, tokens, layout.hidden_size)
-    buffers = _Buffers(batch, tokens, layout.hidden_size, len(ids))
-    aux_taps = [
-        _Tap(f"{_input_of(layout, i)} (layer id {i})", expect, buffers.aux_slot(k)) for k, i in enumerate(ids)
-    ]
-    final_tap = _Tap(f"{layout.norm_path} output (final hidden)", expect, buffers.store_final)
+    buffers = _Buffers(batch, tokens, layout.hidden_size, taps)
+    final_tap = TapRecord(f"{layout.norm_path} output (final hidden)", buffers.store_final)
     # lm_head may see fewer tokens (logits_to_keep); keep what it consumed to cross-check.
-    head_tap = _Tap(f"{layout.lm_head_path} input", (batch,), lambda t: t.detach().clone())
+    head_tap = TapRecord(f"{layout.lm_head_path} input", lambda t: t.detach().clone())
+    final_tap.arm(expect)
+    head_tap.arm((batch,))
 
+    hooks = taps.hooks(layout, [buffers.aux_slot(k) for k in range(len(taps))])
     handles = []
     try:
-        for layer_id, tap in zip(ids, aux_taps, strict=True):
-            module = layout.layers[layer_id] if layer_id < layout.num_layers else layout.norm
-            handles.append(module.register_forward_pre_hook(_input_hook(tap), with_kwargs=True))
         handles.append(layout.norm.register_forward_hook(lambda m, a, out: _final_hook(final_tap, buffers, offload, out)))
-        handles.append(layout.lm_head.register_forward_pre_hook(_input_hook(head_tap), with_kwargs=True))
+        handles.append(layout.lm_head.register_forward_pre_hook(
+            lambda m, args, kwargs: head_tap.record(hidden_argument(head_tap.what, args, kwargs)), with_kwargs=True))
+        hooks.arm(expect)
         _forward(model, layout, input_ids, attention_mask, model_inputs)
     finally:
+        problems = hooks.disarm()
+        hooks.remove()
         for handle in handles:
             handle.remove()
 
-    problems = [p for tap in (*aux_taps, final_tap) if (p := tap.problem())]
+    problems += [p for p in (final_tap.problem(),) if p]
     if problems:
         raise CaptureError(_explain(problems))
     _check_lm_head_consumed_final(head_tap, final_tap.tensor)
     aux, final = buffers.results()
-    return CapturedStates(aux=aux, final=final, layer_ids=ids, lengths=lengths)
+    return CapturedStates(aux=aux, final=final, layer_ids=taps.layer_ids, lengths=lengths)
 
 
-def _input_of(layout: TargetLayout, layer_id: int) -> str:
-    if layer_id < layout.num_layers:
-        return f"{layout.layers_path}.{layer_id} input"
-    return f"{layout.norm_path} input"
-
-
-def _input_hook(tap: _Tap):
-    def hook(module, args, kwargs):
-        tensor = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
-        if not isinstance(tensor, torch.Tensor):
-            raise CaptureError(f"cannot find the hidden-states tensor among the arguments of {tap.what}")
-        tap.record(tensor)
-
-    return hook
-
-
-def _final_hook(tap: _Tap, buffers: _Buffers, offload: bool, out) -> None:
+def _final_hook(tap: TapRecord, buffers: _Buffers, offload: bool, out) -> None:
     tap.record(out if isinstance(out, torch.Tensor) else out[0])
     if offload and tap.calls == 1 and tap.tensor is not None:
         buffers.start_offload()  # every aux layer has run: start the copies while lm_head runs
@@ -292,7 +249,7 @@ def _explain(problems: list[str]) -> str:
     return text
 
 
-def _check_lm_head_consumed_final(head_tap: _Tap, final: torch.Tensor) -> None:
+def _check_lm_head_consumed_final(head_tap: TapRecord, final: torch.Tensor) -> None:
     """The final hidden must be what lm_head consumes; check it on the positions it saw."""
     if head_tap.calls != 1 or head_tap.tensor is None:
         return  # a model may skip lm_head when asked for no logits; the norm tap still counted

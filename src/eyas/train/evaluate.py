@@ -7,8 +7,8 @@ accepted; conditional acceptance is a_k / a_{k−1}; simulated τ = 1 + Σ_k a_k
 forward of a greedy chain of K drafts) = 1 + the mean accepted depth.
 
 That τ averages over every assistant token of whole conversations, and where an answer is long and
-repetitive its tail is easy to draft: the demo drafter simulated 2.6 over its first answers' first
-64 tokens and 6.0 over tokens 256–511 (BENCHMARKS.md). ``tau_answer_start`` is the same simulation
+repetitive its tail is easy to draft: a drafter simulates a much higher τ late in long answers than
+over their first tokens (``benchmarks/acceptance_by_place.py`` shows it by place). ``tau_answer_start`` is the same simulation
 restricted to the first ``ANSWER_START`` tokens of each conversation's first answer — the stretch a
 short ``eyas bench`` decodes.
 """

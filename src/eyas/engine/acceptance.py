@@ -1,7 +1,9 @@
-"""Which drafted nodes the target accepts, and the token it emits after them.
+"""Which drafted nodes the target accepts, and the token it emits after them (the bonus).
 
-Greedy: from the root, follow the child whose token is the target's argmax; stop where none is; the
-argmax there is the bonus token. The output is then the target's greedy output exactly.
+Greedy, the rule: a node is accepted when its parent is and its token is the target's argmax at its
+parent; the argmax at the deepest accepted node is the bonus. The output is then the target's own greedy
+output, token for token. It runs on the device with no host synchronisation (:func:`tree_verdict`;
+:func:`chain_verdict` is the same rule for a chain, in four kernels).
 
 Sampling: drafts here are deterministic (argmax chains, top-k trees), i.e. each candidate was
 "proposed with probability 1". The lossless rule for such candidates is the rejection rule with a
@@ -9,7 +11,8 @@ one-hot draft distribution: at a node with target distribution p, try its childr
 child c with probability p(c); on rejection set p(c) = 0 and renormalise, then try the next child;
 if every child is rejected, sample the bonus token from what is left of p. Child c is emitted with
 probability exactly p(c) — (1 − Σ earlier) · p(c) / (1 − Σ earlier) — and anything else with its
-own p, so every emitted token follows the target's distribution (a test counts it).
+own p, so every emitted token follows the target's distribution (a test counts it). The walk runs on
+the host (:func:`walk_sampling`), which draws the uniforms from one seeded generator.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from eyas.engine.tree import DraftTree
 
 
 @dataclass(frozen=True)
@@ -47,21 +48,9 @@ def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return probs
 
 
-def walk_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
-    """(accepted node indices, root first; bonus token) from the target's logits at every node [n, V]."""
-    choice, tokens, children = logits.argmax(-1).tolist(), tree.tokens.tolist(), tree.child_lists()
-    path, node = [0], 0
-    while True:
-        follow = [c for c in children[node] if tokens[c] == choice[node]]
-        if not follow:
-            return path, choice[node]
-        node = follow[0]
-        path.append(node)
-
-
 def chain_verdict(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A greedy chain's verdict on the device, from ``drafts`` [k] and the target's logits at the root
-    and each draft [k + 1, V]: (drafts accepted [1], bonus token [1]) — :func:`walk_greedy` for a chain."""
+    """A greedy chain's verdict on the device, from ``drafts`` [k] and the target's logits at the root and each
+    draft [k + 1, V]: (drafts accepted [1], bonus token [1])."""
     choice = logits.argmax(-1)
     accepted = (choice[:-1] == drafts).long().cumprod(0).sum().view(1)
     return accepted, choice.index_select(0, accepted)
@@ -72,9 +61,8 @@ def tree_verdict(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tens
     """A greedy tree's verdict on the device, with no host synchronisation: ``tokens``, ``parents`` (root
     −1), ``depths`` [n] of a tree at most ``levels`` deep and the target's logits at every node [n, V] →
     (drafts accepted [1], bonus token [1], the accepted node at each depth 0 … ``levels`` [levels + 1]; past
-    the accepted depth the entries are unspecified). :func:`walk_greedy` without the host: a node is
-    accepted when its token is the argmax at its parent and its parent is accepted; siblings hold distinct
-    tokens (a dynamic tree's children are one top-k), so the accepted nodes form one path."""
+    the accepted depth the entries are unspecified). Siblings hold distinct tokens (a dynamic tree's
+    children are one top-k), so the accepted nodes form one path."""
     choice = logits.argmax(-1)
     parent_rows = parents.clamp(min=0)
     agrees = (parents < 0) | (tokens == choice.index_select(0, parent_rows))
@@ -92,13 +80,6 @@ def tree_verdict(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tens
     return accepted, choice.index_select(0, deepest), path
 
 
-def accept_chain_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, int, list[int]]:
-    """:func:`chain_verdict` read back once: (drafts accepted, bonus token, the drafts as ids)."""
-    accepted, bonus = chain_verdict(drafts, logits)
-    numbers = torch.cat([accepted, bonus, drafts]).tolist()  # the round's one read-back
-    return numbers[0], numbers[1], numbers[2:]
-
-
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """One token from ``probs`` [V] (any device, need not sum to 1): its cumulative sum inverted at a
     uniform drawn from the host ``generator``. The distribution stays where it was computed (on a GPU:
@@ -111,12 +92,24 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     return min(int(index), probs.shape[-1] - 1)
 
 
-def walk_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator) -> tuple[list[int], int]:
-    """(accepted node indices, root first; bonus token) from the target's distributions [n, V], on any
-    device: each node's probability under its parent's distribution comes back in one read, the walk
-    runs on the host, and only the bonus token is sampled where ``probs`` live."""
-    tokens, parents, children = tree.tokens.tolist(), tree.parents.tolist(), tree.child_lists()
-    chance = [0.0, *probs[torch.tensor(parents[1:], device=probs.device), tree.tokens[1:].to(probs.device)].tolist()]
+def child_lists(parents: list[int]) -> list[list[int]]:
+    """Every node's children in tree order (best-scored first: nodes are stored by score)."""
+    lists: list[list[int]] = [[] for _ in parents]
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            lists[parent].append(node)
+    return lists
+
+
+def walk_sampling(tokens: list[int], parents: list[int], probs: torch.Tensor,
+                  generator: torch.Generator) -> tuple[list[int], int]:
+    """(accepted node indices, root first; bonus token) of a tree (``tokens``, ``parents``: root −1) under the
+    target's distributions at its nodes ``probs`` [n, V], on any device: each node's probability under its
+    parent's distribution comes back in one read, the walk runs on the host, and only the bonus token is
+    sampled where ``probs`` live."""
+    children = child_lists(parents)
+    rows = torch.tensor(parents[1:], device=probs.device)
+    chance = [0.0, *probs[rows, torch.tensor(tokens[1:], device=probs.device)].tolist()]
     path, node = [0], 0
     while True:
         rejected: list[int] = []

@@ -1,23 +1,20 @@
-"""Draft trees: a chain is a tree with one child per node; EAGLE-2's dynamic tree grows by score.
+"""Drafting a round's candidates on the device: a greedy chain, or EAGLE-2's dynamic tree.
 
-Node 0 is the root: the last token the target emitted, not yet run by it. Every other node is a
-drafted target id with a parent (an earlier node) and a depth (root 0). The target verifies all
-nodes in one forward, each at position start + depth, each attending to the committed context, its
-ancestors and itself (:func:`ancestor_mask`).
-
-Dynamic tree (EAGLE-2, arXiv 2406.16858; the EAGLE reference's defaults top-k 10, depth 7, 60 draft
-tokens): a node's score is the sum of the drafter's log-probabilities along its path. Each depth,
-the ``top_k`` best nodes of the previous depth are run through the drafter (the frontier), each
-proposes its ``top_k`` best children, and the ``top_k`` best of those become the next frontier.
-After ``depth`` levels the ``total`` best nodes of everything proposed form the tree: a child never
-scores above its parent, so the best nodes always include their ancestors (ties broken towards
-shallower, earlier nodes to keep that true).
+Both start the same way: the drafter commits the states the target accepted last round (each with the
+token after it) and proposes from the last of them. A chain then feeds each greedy draft back, one
+drafter pass a token. A dynamic tree (EAGLE-2, arXiv 2406.16858; the EAGLE reference's defaults top-k
+10, depth 7, 60 draft tokens) scores a node by the sum of the drafter's log-probabilities along its
+path: each depth, the ``top_k`` best nodes of the previous depth (the frontier) are run through the
+drafter, each proposes its ``top_k`` best children, and the ``top_k`` best of those become the next
+frontier; after ``depth`` levels the ``total`` best nodes of everything proposed form the tree. A child
+never scores above its parent, so the best nodes always include their ancestors (ties broken towards
+shallower, earlier nodes to keep that true). Every shape is fixed and every number stays on the
+device: no host synchronisation anywhere, so a round can be recorded as one CUDA graph.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -25,32 +22,43 @@ from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.topk import largest
 
 
-@dataclass
-class DraftTree:
-    """``tokens`` [n] target ids (root first), ``parents`` [n] (root: -1), ``depths`` [n]."""
-
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    depths: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def child_lists(self) -> list[list[int]]:
-        """Every node's child node indices in tree order (best-scored first: nodes are stored by score),
-        from one read of the parents (for walks on the host)."""
-        lists: list[list[int]] = [[] for _ in range(len(self.parents))]
-        for node, parent in enumerate(self.parents.tolist()):
-            if parent >= 0:
-                lists[parent].append(node)
-        return lists
+def draft_chain(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+                length: torch.Tensor, valid: torch.Tensor, steps: int) -> torch.Tensor:
+    """Commit the first ``valid`` [1] of the target states ``aux`` [1, n, k·Ht] (each with the token after it, at
+    ``positions`` [1, n]) after ``length`` [1] committed ones, then draft ``steps`` tokens greedily from the last
+    valid one → target ids [steps]."""
+    hidden, _, ids, position, committed = drafter.commit(aux, next_tokens, positions, length, valid, 1)
+    token = drafter.drafter.to_target_ids(ids).view(1, 1)
+    drafted = [token]
+    for step in range(1, steps):  # step i sees the committed positions and the i − 1 drafts before it
+        position = position + 1
+        window = torch.ones(1, step, dtype=torch.bool, device=drafter.device)
+        hidden, _, ids = drafter.speculate(hidden, token, position, committed, step - 1, window, 1)
+        token = drafter.drafter.to_target_ids(ids).view(1, 1)
+        drafted.append(token)
+    return torch.cat(drafted, dim=1)[0]
 
 
-def chain_tree(root: int, drafts: torch.Tensor) -> DraftTree:
-    """A chain: root, then each draft the child of the one before."""
-    n = len(drafts) + 1
-    return DraftTree(tokens=torch.cat([torch.tensor([root]), drafts.cpu()]), parents=torch.arange(-1, n - 1),
-                     depths=torch.arange(n))
+def tree_size(top_k: int, depth: int, total: int) -> int:
+    """Draft nodes of a dynamic tree: ``total``, or every proposal when there are fewer."""
+    return min(total, top_k + (depth - 1) * top_k * top_k)
+
+
+def draft_tree(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+               length: torch.Tensor, valid: torch.Tensor, top_k: int, depth: int, total: int,
+               proposal_depth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Commit the target states as :func:`draft_chain` does, then grow a dynamic tree from the last valid one
+    → the :func:`tree_size` best nodes (target ids, parents as node indices — 0 is the root, the token after
+    the last state —, depths). ``proposal_depth``: :func:`proposal_depths`, made once."""
+    hidden, scores, ids, base, committed = drafter.commit(aux, next_tokens, positions, length, valid, top_k)
+
+    def run_level(frontier_hidden, tokens, level, window):  # depth level − 1 nodes run at base + level − 1
+        return drafter.speculate(frontier_hidden, tokens, (base + level - 1).expand(1, top_k), committed,
+                                 (level - 2) * top_k, window, top_k)
+
+    d2t = drafter.drafter.d2t
+    flat = grow(hidden, scores[0], ids[0], d2t, top_k, depth, run_level)
+    return select(*flat, proposal_depth, d2t, tree_size(top_k, depth, total))
 
 
 def ancestor_mask(parents: torch.Tensor, levels: int | None = None) -> torch.Tensor:
@@ -58,7 +66,7 @@ def ancestor_mask(parents: torch.Tensor, levels: int | None = None) -> torch.Ten
 
     Each pass gives every node its parent's row plus itself, so after ``levels`` passes (the tree's
     depth; by default the most any n-node tree can have) every row is complete. A fixed number of
-    passes and no data-dependent control flow: the same code runs on the host and in a recorded round."""
+    passes and no data-dependent control flow."""
     n = len(parents)
     itself = torch.eye(n, dtype=torch.bool, device=parents.device)
     has_parent = (parents >= 0).unsqueeze(1)
@@ -76,10 +84,10 @@ RunLevel = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch
 
 def grow(hidden: torch.Tensor, scores: torch.Tensor, ids: torch.Tensor, d2t: torch.Tensor, top_k: int, depth: int,
          run_level: RunLevel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every proposal of a dynamic tree, level by level, on the drafter's device with no host
-    synchronisation: (draft ids, parents — indices into the proposals, −1 = the root —, scores), each
-    [top_k + (depth − 1)·top_k²]. The first level is the root's ``top_k`` children (``scores``, ``ids``
-    [top_k], proposed from ``hidden`` [1, 1, H]); ``run_level`` runs the drafter on each later frontier."""
+    """Every proposal of a dynamic tree, level by level: (draft ids, parents — indices into the proposals, −1 =
+    the root —, scores), each [top_k + (depth − 1)·top_k²]. The first level is the root's ``top_k`` children
+    (``scores``, ``ids`` [top_k], proposed from ``hidden`` [1, 1, H]); ``run_level`` runs the drafter on each
+    later frontier."""
     device = ids.device
     proposed_ids, proposed_scores = [ids], [scores]
     proposed_parents = [torch.full((top_k,), -1, dtype=torch.long, device=device)]
@@ -118,8 +126,7 @@ def proposal_depths(top_k: int, depth: int, device: torch.device | None = None) 
 def select(flat_ids: torch.Tensor, flat_parents: torch.Tensor, flat_scores: torch.Tensor, flat_depths: torch.Tensor,
            d2t: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``total`` best proposals by score (ties: shallower, then earlier), ordered by depth then score
-    → (target ids, parents as tree node indices (0 = the root), depths), each [min(total, proposals)];
-    where the proposals are, with no host synchronisation."""
+    → (target ids, parents as tree node indices (0 = the root), depths), each [min(total, proposals)]."""
     count = min(total, len(flat_ids))
     # proposals are stored by depth, then index: a stable sort by score alone breaks ties the right way
     by_score = torch.sort(-flat_scores, stable=True).indices[:count]
@@ -130,28 +137,3 @@ def select(flat_ids: torch.Tensor, flat_parents: torch.Tensor, flat_scores: torc
     parents = torch.where(chosen_parents < 0, 0, node_of.index_select(0, chosen_parents.clamp(min=0)))
     ids = flat_ids.index_select(0, chosen)
     return ids + d2t.index_select(0, ids), parents, flat_depths.index_select(0, chosen)
-
-
-@torch.no_grad()
-def draft_tree(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
-               root: int, top_k: int, depth: int, total: int) -> DraftTree:
-    """Commit the target states ``aux`` (as :meth:`DraftRunner.draft_chain`) and grow a dynamic tree of
-    ``total`` draft tokens after ``root`` (the token following the last of them).
-
-    Growth and selection stay on the drafter's device (each level's inputs come from the previous
-    level's outputs); the chosen nodes cross to the host once."""
-    prenorm, scores, ids = drafter.commit(aux, next_tokens, positions, top_k)
-    base = int(positions[0, -1])  # the drafter runs a depth-d node at base + d (its row holds the next token)
-
-    def run_level(hidden, tokens, level, window):
-        return drafter.step(hidden, tokens, torch.full((1, top_k), base + level - 1, dtype=torch.long), window,
-                            commit=False, top_k=top_k)
-
-    d2t = drafter.drafter.d2t
-    flat = grow(prenorm[:, -1:], scores[-1], ids[-1], d2t, top_k, depth, run_level)
-    drafter.rollback()
-    tokens, parents, depths = (part.cpu() for part in select(*flat, proposal_depths(top_k, depth, d2t.device), d2t, total))
-    if bool(((parents < 0) | (parents >= torch.arange(1, len(parents) + 1))).any()):
-        raise AssertionError("a selected draft node lacks its parent; scores must not increase along a path")
-    return DraftTree(tokens=torch.cat([torch.tensor([root]), tokens]), parents=torch.cat([torch.tensor([-1]), parents]),
-                     depths=torch.cat([torch.tensor([0]), depths]))

@@ -1,0 +1,331 @@
+"""One decoding round, as named steps over fixed shapes: draft → verify → accept → commit.
+
+- draft: the drafter commits the states the target accepted last round and proposes after the root (the
+  last emitted token, not yet run by the target): nothing (plain decoding), a greedy chain, or an EAGLE-2
+  dynamic tree (:mod:`eyas.engine.drafting`);
+- verify: the target runs the root and every proposal in one forward, each tree node seeing its ancestors;
+- accept: which proposals the target agrees with, and its own next token after them, the bonus
+  (:mod:`eyas.engine.acceptance`) — greedy on the device, or sampled on the host;
+- commit: the accepted path's cache entries move to the slots after the committed ones, and the round's
+  outcome becomes the next round's inputs.
+
+A round emits accepted + 1 tokens; τ, the mean acceptance length (DESIGN "Conventions"), is their mean
+over rounds. Every number a round reads or writes lives on the device (:class:`RoundState`), so a greedy
+round is a function of no arguments, which a burst replays under a CUDA graph (:mod:`eyas.engine.burst`).
+A sampled round runs the same steps: draft and verify recorded as one graph, the acceptance on the host,
+then the commit recorded as another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from eyas.engine.acceptance import Sampling, chain_verdict, sample, target_probs, tree_verdict, walk_sampling
+from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.drafting import ancestor_mask, draft_chain, draft_tree, proposal_depths, tree_size
+from eyas.engine.graphs import InputBuffer
+from eyas.engine.target_runner import TargetRunner
+from eyas.errors import EyasError
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """``chain``: ``draft_length`` tokens; ``tree``: EAGLE-2 dynamic tree (top_k, depth, total draft tokens)."""
+
+    mode: str = "chain"
+    draft_length: int = 5
+    top_k: int = 10
+    depth: int = 7
+    total: int = 60
+
+    @property
+    def draft_tokens(self) -> int:
+        """Tokens verified after the root each round: what the caches must hold beyond the answer."""
+        return self.draft_length if self.mode == "chain" else self.total
+
+    @property
+    def max_depth(self) -> int:
+        return self.draft_length if self.mode == "chain" else self.depth
+
+    def label(self) -> str:
+        return f"chain:{self.draft_length}" if self.mode == "chain" else f"tree:{self.total},{self.depth},{self.top_k}"
+
+
+class RoundState:
+    """A round's numbers on the device, in one int64 buffer that one host copy fills: the target's and the
+    drafter's committed lengths, the root, how many of the states handed to the drafter count, where a
+    burst writes the round's outcome and the round's index in its burst, then the tokens emitted last
+    round and their states' positions [width] each. Each field is a view: steps read and update it in place."""
+
+    FIELDS = ("target_length", "drafter_length", "root", "valid", "out_at", "round_index")  # lengths and output_place rely on this order
+
+    def __init__(self, width: int, device: torch.device):
+        self.width = width
+        self.numbers = InputBuffer((len(self.FIELDS) + 2 * width,), torch.long, device)
+
+    def _field(self, name: str) -> torch.Tensor:
+        index = self.FIELDS.index(name)
+        return self.numbers.tensor[index : index + 1]
+
+    target_length = property(lambda self: self._field("target_length"))
+    drafter_length = property(lambda self: self._field("drafter_length"))
+    root = property(lambda self: self._field("root"))
+    valid = property(lambda self: self._field("valid"))
+    out_at = property(lambda self: self._field("out_at"))
+    round_index = property(lambda self: self._field("round_index"))
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """The target's and the drafter's committed lengths [2]."""
+        return self.numbers.tensor[0:2]
+
+    @property
+    def output_place(self) -> torch.Tensor:
+        """Where a burst writes the round's outcome and the round's index in its burst [2]."""
+        return self.numbers.tensor[4:6]
+
+    @property
+    def emitted(self) -> torch.Tensor:
+        """The tokens the last round emitted [width]: the token after each state handed to the drafter."""
+        start = len(self.FIELDS)
+        return self.numbers.tensor[start : start + self.width]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """The positions of the states handed to the drafter [width]."""
+        start = len(self.FIELDS) + self.width
+        return self.numbers.tensor[start : start + self.width]
+
+    def fill(self, target_length: int, drafter_length: int, root: int, emitted: list[int], positions: list[int]) -> None:
+        """Start a generation: ``emitted`` tokens after states at ``positions`` (padded to the width; the first
+        ``len(emitted)`` count), no outcome written yet."""
+        pad = self.width - len(emitted)
+        self.numbers.fill(torch.tensor([target_length, drafter_length, root, len(emitted), 0, 0, *emitted, *([0] * pad),
+                                        *positions, *([positions[-1]] * pad)]))
+
+
+class Draft(NamedTuple):
+    """A round's candidates: node 0 is the root; ``tokens`` [n] target ids, ``positions`` [n] where the target
+    runs them; a tree's ``parents`` (root −1) and ``depths`` [n] (None for a chain: node i the child of i − 1)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    parents: torch.Tensor | None = None
+    depths: torch.Tensor | None = None
+
+
+class Verdict(NamedTuple):
+    """What the target accepts: ``accepted`` [1] drafts, its ``bonus`` [1] token after them, and for a tree the
+    accepted node at each depth ``path`` [width] (past the accepted depth: any node)."""
+
+    accepted: torch.Tensor
+    bonus: torch.Tensor
+    path: torch.Tensor | None = None
+
+
+class Round:
+    """The round of a (target, drafter, speculation) — no drafter and no speculation: plain decoding. Made
+    once per pair and mode: its recordings read and write this instance's buffers."""
+
+    def __init__(self, target: TargetRunner, drafter: DraftRunner | None = None, speculation: Speculation | None = None):
+        self.target, self.drafter, self.speculation = target, drafter, speculation
+        self.mode = "plain" if speculation is None else speculation.mode
+        device = target.device
+        # the most tokens a round emits (its deepest path + the bonus): the states the drafter commits next round
+        self.width = 1 if speculation is None else speculation.max_depth + 1
+        self.state = RoundState(self.width, device)
+        self.aux: torch.Tensor | None = None  # the last verify's accepted aux states [1, width, k·Ht]
+        self.steps = torch.arange(self.width, device=device)
+        self._verdict = InputBuffer((2 + self.width,), torch.long, device)  # a sampled round's, from the host
+        self._valid = 1  # the state's valid count, as the host knows it (sampled rounds)
+        self._draft: Draft | None = None  # a sampled round's draft, between its draft+verify and its commit
+        if self.mode == "plain":
+            self._one = torch.ones(1, 1, dtype=torch.long, device=device)
+            self._none = torch.zeros(1, dtype=torch.long, device=device)
+            self.nodes, self.target_writes, self.drafter_writes = 0, 1, 0
+        elif self.mode == "chain":
+            k = speculation.draft_length
+            self._causal = torch.ones(k + 1, k + 1, dtype=torch.long, device=device).tril()
+            # the drafter commits k + 1 states, then writes k − 1 drafts after the valid ones
+            self.nodes, self.target_writes, self.drafter_writes = k, k + 1, 2 * k
+        else:
+            top_k, depth = speculation.top_k, speculation.depth
+            self.nodes = tree_size(top_k, depth, speculation.total)
+            # the drafter commits depth + 1 states, then (depth − 1)·top_k speculative entries
+            self.target_writes, self.drafter_writes = self.nodes + 1, depth + 1 + (depth - 1) * top_k
+            self._proposal_depths = proposal_depths(top_k, depth, drafter.device)
+            self._root_parent = torch.full((1,), -1, dtype=torch.long, device=device)
+            self._root_depth = torch.zeros(1, dtype=torch.long, device=device)
+
+    @torch.no_grad()
+    def begin(self, prompt: torch.Tensor, aux: torch.Tensor, token: int) -> None:
+        """Start a generation after the target's prefill of ``prompt`` [1, P] (its aux states ``aux``), whose next
+        token ``token`` was emitted: every prompt state but the last goes straight into the drafter; the first
+        round commits the last one, followed by ``token``, and drafts from it."""
+        length = prompt.shape[1]
+        if self.drafter is not None:
+            self.drafter.reset()
+            if length > 1:
+                self.drafter.commit_prompt(aux[:, :-1], prompt[:, 1:], torch.arange(length - 1).unsqueeze(0))
+            if self.aux is None:
+                self.aux = torch.zeros(1, self.width, aux.shape[-1], dtype=aux.dtype, device=aux.device)
+            self.aux.zero_()
+            self.aux[:, :1].copy_(aux[:, length - 1 : length])
+        drafted = 0 if self.drafter is None else self.drafter.length
+        self.state.fill(length, drafted, token, [token], [length - 1])
+        self._valid = 1
+
+    # ------------------------------------------------------------------ the steps
+
+    def draft(self) -> Draft:
+        """The root and the drafter's proposals after it, from the states the target accepted last round."""
+        state, n = self.state, self.width
+        if self.mode == "plain":
+            return Draft(state.root, state.target_length)
+        drafter, spec = self.drafter, self.speculation
+        inputs = (self.aux, state.emitted.view(1, n), state.positions.view(1, n), state.drafter_length, state.valid)
+        if self.mode == "chain":
+            drafts = draft_chain(drafter, *inputs, spec.draft_length).to(self.target.device)
+            positions = state.target_length + self.steps  # a chain's node i runs at length + i
+            return Draft(torch.cat([state.root, drafts]), positions)
+        tokens, parents, depths = (part.to(self.target.device) for part in draft_tree(
+            drafter, *inputs, spec.top_k, spec.depth, spec.total, self._proposal_depths))
+        tokens = torch.cat([state.root, tokens])
+        parents = torch.cat([self._root_parent, parents])
+        depths = torch.cat([self._root_depth, depths])
+        return Draft(tokens, state.target_length + depths, parents, depths)
+
+    def verify(self, draft: Draft) -> torch.Tensor:
+        """The target's logits at the root and every proposal [n, V], all in one forward."""
+        if self.mode == "plain":
+            tree = self._one
+        else:
+            tree = self._causal if self.mode == "chain" else ancestor_mask(draft.parents, self.speculation.depth)
+        n = len(draft.tokens)
+        return self.target.verify(self.state.target_length, draft.tokens.view(1, n), draft.positions.view(1, n), tree)[0]
+
+    def accept(self, draft: Draft, logits: torch.Tensor) -> Verdict:
+        """The greedy verdict, on the device."""
+        if self.mode == "plain":
+            return Verdict(self._none, logits.argmax(-1))
+        if self.mode == "chain":
+            return Verdict(*chain_verdict(draft.tokens[1:], logits))
+        return Verdict(*tree_verdict(draft.tokens, draft.parents, draft.depths, logits, self.speculation.depth))
+
+    def commit(self, draft: Draft, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the accepted path and set the next round's inputs → (the tokens emitted [width]: the accepted
+        drafts, the bonus at index ``accepted``, then anything; how many were emitted [1])."""
+        state = self.state
+        if self.mode == "plain":
+            state.target_length.add_(1)
+            state.root.copy_(verdict.bonus)
+            return verdict.bonus, self._one[0]
+        length, accepted = state.target_length, verdict.accepted
+        if self.mode == "tree":  # the accepted path's entries to the slots after the committed ones (read before written)
+            where = length + self.steps
+            self.target.move_slots(length + verdict.path, where)
+            new = torch.cat([draft.tokens.index_select(0, verdict.path[1:]), verdict.bonus])
+            accepted_aux = self.target.aux[:, : self.nodes + 1].index_select(1, verdict.path)
+        else:  # a chain's path is a prefix: its entries are where they belong
+            where = draft.positions
+            new = torch.cat([draft.tokens[1:], verdict.bonus])
+            accepted_aux = self.target.aux[:, : self.width]
+        new.index_copy_(0, accepted, verdict.bonus)  # past the accepted drafts, placeholders
+        emitted = accepted + 1
+        self.aux.copy_(accepted_aux)
+        state.drafter_length.add_(state.valid)  # the drafter committed the valid states (before valid changes below)
+        state.emitted.copy_(new)
+        state.positions.copy_(where)
+        state.target_length.add_(emitted)
+        state.root.copy_(new.index_select(0, accepted))
+        state.valid.copy_(emitted)
+        return new, emitted
+
+    def greedy(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A whole greedy round: draft → verify → accept → commit → (tokens emitted [width], drafts accepted [1],
+        tokens emitted [1])."""
+        draft = self.draft()
+        verdict = self.accept(draft, self.verify(draft))
+        new, emitted = self.commit(draft, verdict)
+        return new, verdict.accepted, emitted
+
+    # ------------------------------------------------------------------ sampled rounds, driven by the host
+
+    def draft_and_verify(self) -> tuple[Draft, torch.Tensor]:
+        """The first two steps, recorded as one graph for sampled rounds; the draft is kept for the commit."""
+        self._draft = self.draft()
+        return self._draft, self.verify(self._draft)
+
+    def commit_verdict(self) -> None:
+        """The last step of a sampled round, recorded as another graph: the commit of the kept draft under the
+        verdict the host wrote."""
+        numbers = self._verdict.tensor
+        self.commit(self._draft, Verdict(numbers[0:1], numbers[1:2], numbers[2:]))
+
+    @torch.no_grad()
+    def sampled(self, sampling: Sampling, generator: torch.Generator) -> tuple[int, list[int]]:
+        """One sampled round → (drafts accepted, tokens emitted). Draft and verify replay one recording; the
+        host walks the acceptance rule with its seeded generator; the commit replays another recording, fed
+        the host's verdict."""
+        graphs = self.target.graphs
+        self.ensure_recorded(("draft+verify", self.draft_and_verify), ("commit", self.commit_verdict))
+        draft, logits = graphs.run(self.key("draft+verify"), self.draft_and_verify)
+        probs = target_probs(logits, sampling)
+        if self.mode == "plain":
+            path, bonus, tokens = [0], sample(probs[0], generator), []
+        else:
+            n = len(draft.tokens)
+            parents = torch.arange(-1, n - 1) if draft.parents is None else draft.parents
+            tokens, parent_list = torch.cat([draft.tokens, parents.to(draft.tokens.device)]).view(2, n).tolist()
+            path, bonus = walk_sampling(tokens, parent_list, probs, generator)
+        accepted = len(path) - 1
+        self._verdict.fill(torch.tensor([accepted, bonus, *path, *([0] * (self.width - len(path)))]))
+        graphs.run(self.key("commit"), self.commit_verdict)
+        self.target.length += accepted + 1
+        if self.drafter is not None:
+            self.drafter.length += self._valid
+        self._valid = accepted + 1
+        return accepted, [tokens[node] for node in path[1:]] + [bonus]
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def rounds_that_fit(self, wanted: int, queued: int = 0) -> int:
+        """How many rounds (≤ ``wanted``) fit both caches after ``queued`` ones not yet read back, even if every
+        draft is accepted: the rounds before the last advance at most ``width`` slots each, the last writes its
+        full reach."""
+        ahead = queued * self.width  # the most the queued rounds advance past the lengths known here
+        room = self.target.capacity - self.target.length - ahead - self.target_writes
+        if self.drafter is not None:
+            room = min(room, self.drafter.capacity - self.drafter.length - ahead - self.drafter_writes)
+        return max(0, min(wanted, room // self.width + 1))
+
+    def no_room(self) -> EyasError:
+        """The error for a generation that needs more cache than the runners hold."""
+        return EyasError(f"the sequence needs more than the {self.target.capacity} cache slots the engine holds "
+                         f"({self.target.length} used, a {self.mode} round writes up to {self.target_writes} more): "
+                         "raise max_length (prompt + new tokens + draft tokens)")
+
+    def key(self, name: str) -> tuple:
+        """The graph key of this round's recording ``name``: it belongs to this instance's buffers."""
+        return (name, self.mode, id(self))
+
+    @torch.no_grad()
+    def ensure_recorded(self, *steps: tuple[str, Callable[[], Any]]) -> None:
+        """Record each ``(name, step)`` not yet recorded, in order, each replayed once after its recording (so that
+        its outputs hold real values for the next). Recording executes a step (its warm-up runs), so the state
+        they advanced is put back at the end; the next round recomputes every cache entry it reads."""
+        graphs = self.target.graphs
+        todo = [(self.key(name), step) for name, step in steps if not graphs.has(self.key(name))]
+        if not graphs.enabled or not todo:
+            return
+        saved = self.state.numbers.tensor.clone(), None if self.aux is None else self.aux.clone()
+        for key, step in todo:
+            graphs.ensure(key, step)
+            graphs.run(key, step)
+        self.state.numbers.tensor.copy_(saved[0])
+        if saved[1] is not None:
+            self.aux.copy_(saved[1])
