@@ -2,7 +2,7 @@
 
     python benchmarks/engine_speed.py --target demo --draft DRAFT_DIR [--prompts 10] [--max-new-tokens 256]
         [--modes chain:5,tree:60,7,10] [--variants eager,graphs,compile,compile+lean] [--device cuda] [--capacity N]
-        [--repeats 1] [--kernels] [--out benchmarks/results/engine_speed_<machine>_<date>.json]
+        [--repeats 1] [--kernels] [--out benchmarks/results/<date>_<machine>_engine-speed/engine_speed.json]
 
 MT-bench first turns, batch 1, greedy. Every decoder runs every prompt once untimed, then timed; the table
 gives tokens/s and τ, and the ratios the engine issue sets as targets (eyas plain vs transformers
@@ -27,9 +27,7 @@ import contextlib
 import datetime
 import gc
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,8 +42,7 @@ from eyas.engine.burst import Burst
 from eyas.engine.decode import generate
 from eyas.engine.loading import load_engine
 from eyas.target.loading import load_target
-
-RESULTS = Path(__file__).with_name("results")
+from run_record import git_commit, run_folder, write_run_json
 
 
 def hf_static(model, cache, ids: torch.Tensor, max_new: int, stop: set[int]) -> list[int]:
@@ -256,7 +253,7 @@ def main() -> None:
                 kernel_table(device, lambda decode=decode: decode(prompts[0]))
         write_results(args.out, device, results)
         if args.kernels and device.type == "cuda":  # every burst round this variant recorded
-            replay_cost(engine.target_runner, trace_dir=(args.out or RESULTS / "x").parent)
+            replay_cost(engine.target_runner, trace_dir=results_path(args.out, device).parent)
         engine.target_runner.close()
         del engine.target_runner, engine.draft_runner
         if device.type == "cuda":
@@ -276,27 +273,28 @@ def main() -> None:
     print(f"wrote {write_results(args.out, device, results)}")
 
 
+def results_path(out: Path | None, device: torch.device) -> Path:
+    """``--out``, or engine_speed.json in today's run folder for this machine (benchmarks/run_record.py)."""
+    return out or run_folder("engine-speed", machine_name(device)) / "engine_speed.json"
+
+
+def machine_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+
+
 def write_results(out: Path | None, device: torch.device, results: dict) -> Path:
-    """The run's JSON, rewritten whole after every variant: a crash later in the run keeps what was timed."""
-    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    out = out or RESULTS / f"engine_speed_{machine.replace(' ', '_')}_{datetime.date.today()}.json"
+    """The run's JSON and its folder's run.json, rewritten whole after every variant: a crash later in the run
+    keeps what was timed."""
+    machine = machine_name(device)
+    out = results_path(out, device)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".tmp")
-    # the commit: a device machine's copy of the tree has no .git, so the command line may pass it in
-    commit = os.environ.get("EYAS_COMMIT") or _git_commit()
-    partial.write_text(json.dumps({"command": " ".join(sys.argv), "commit": commit, "machine": machine,
+    partial.write_text(json.dumps({"command": " ".join(sys.argv), "commit": git_commit(), "machine": machine,
                                    "date": str(datetime.date.today()), "torch": torch.__version__, "results": results},
                                   indent=1))
     partial.replace(out)
+    write_run_json(out.parent, f"{machine}; torch {torch.__version__}")
     return out
-
-
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-    except OSError:
-        return None
-    return done.stdout.strip() or None
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ random drafter of the same shape (its weights re-initialised: nothing is accepte
 compared token for token with eyas' plain decoding and with `model.generate(do_sample=False)`.
 The unit tests pin the same on tiny models of ten architectures; this is the real 30-layer target.
 eyas decodes through the code its CUDA graphs record (attention over the whole cache, device-built
-masks, rounds in bursts, the tree grown on the device), run eagerly on the CPU. Writes the JSON
-(default benchmarks/results/lossless_cpu_<date>.json) and exits 1 on any mismatch.
+masks, rounds in bursts, the tree grown on the device), run eagerly on the CPU. Writes the JSON (default
+lossless_cpu.json in today's run folder, benchmarks/results/<date>_cpu_lossless/, with its run.json) and
+exits 1 on any mismatch.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from eyas.bench.run import parse_modes
 from eyas.data.benchmarks import mt_bench_questions, render
 from eyas.engine.decode import generate
 from eyas.engine.loading import load_engine
-
-RESULTS = Path(__file__).with_name("results")
+from run_record import run_folder, write_run_json
 
 
 def main() -> None:
@@ -72,8 +72,8 @@ def main() -> None:
     for name, tau in taus.items():
         print(f"τ {name:<34} {tau:.3f}")
     ok = all(same == len(prompts) for same in rows.values())
-    out = args.out or RESULTS / f"lossless_cpu_{datetime.date.today()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = args.out or run_folder("lossless", "CPU") / "lossless_cpu.json"
+    write_run_json(out.parent, "CPU (2 cores), fp32")
     out.write_text(json.dumps({"command": " ".join(sys.argv), "date": str(datetime.date.today()),
                                "machine": "CPU (2 cores), fp32",
                                "prompts": len(prompts), "max_new_tokens": new,
