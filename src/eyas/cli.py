@@ -415,10 +415,10 @@ def demo(
 ) -> None:
     """The whole pipeline on the demo target, offline, on a CPU: prepare, capture, train online, export,
     check, bench; ends with a table of τ and speedup and where every artifact is."""
-    from eyas.demo import FULL, QUICK, run_demo
+    from eyas.demo import run_demo
 
     with _user_errors():
-        run_demo(console, out, QUICK if quick else FULL)
+        run_demo(console, out, quick)
 
 
 class _user_errors:
