@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from eyas.capture.stage import CaptureOptions, capture
+from eyas.capture.options import CaptureOptions
+from eyas.capture.stage import capture
 from eyas.data.samples import batch_inputs, read_samples
 from eyas.store.plan import plan_shards
 from eyas.target import capture_hidden_states, load_target

@@ -22,7 +22,8 @@ import torch
 
 from eyas.drafter.loss import step_loss, target_signal
 from eyas.drafter.ttt import ttt_steps
-from eyas.train.trainer import TrainOptions, setup_training, training_autocast
+from eyas.train.options import TrainOptions
+from eyas.train.trainer import setup_training, training_autocast
 
 
 def sync(device: torch.device) -> None:

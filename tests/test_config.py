@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import zoo
 from eyas.cli import app
 from eyas.config import ConfigError, load_config
-from eyas.train.trainer import TrainOptions
+from eyas.train.options import TrainOptions
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -25,27 +25,20 @@ def write(path: Path, text: str) -> Path:
 def test_every_example_config_loads_and_builds_each_stage(example):
     config = load_config(example)
     assert config.stages and config.target
-    wired = {
-        "prepare": dict(target=config.target, out=config.folder("prepare")),
-        "capture": dict(target=config.target, data=config.folder("prepare"), out=config.folder("capture")),
-        "train": dict(target=config.target, out=config.folder("train"), data=config.folder("prepare"), resume=True),
-        "export": dict(run_dir=config.folder("train"), out=config.folder("export")),
-        "bench": dict(target=config.target, draft=config.folder("export"), out=config.folder("bench")),
-    }
     for stage in config.stages:
-        config.options(stage, **wired[stage])  # every key is a real option of a valid type
+        config.options(stage)  # every key is a real option of a valid type
 
 
 def test_file_over_defaults_and_set_over_file(tmp_path):
     path = write(tmp_path / "c.toml", 'target = "demo"\nworkdir = "w"\n[train]\nlr = 5e-4\nttt_steps = 3\n'
                                       '[prepare.regeneration]\nbatch_size = 64\n')
     config = load_config(path, ["train.lr=1e-3", "bench.prompts=4", "prepare.data=['a.jsonl', 'b.jsonl']"])
-    train = config.options("train", target="demo", out=Path("r"))
+    train = config.options("train")
     assert (train.lr, train.ttt_steps, train.token_budget) == (1e-3, 3, TrainOptions.token_budget)
-    prepare = config.options("prepare", target="demo", out=Path("d"))
+    prepare = config.options("prepare")
     assert prepare.regeneration.batch_size == 64 and prepare.regeneration.max_new_tokens == 1024  # nested default kept
     assert prepare.data == ["a.jsonl", "b.jsonl"]
-    assert config.options("bench", target="demo", draft=Path("x"), out=Path("y")).prompts == 4
+    assert config.options("bench").prompts == 4
     assert config.stages == ("prepare", "train", "export", "bench") and config.folder("train") == Path("w/run")
 
 

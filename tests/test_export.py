@@ -15,7 +15,8 @@ from eyas.export.eagle3 import draft_config, draft_tensors
 from eyas.export.files import write_draft_dir
 from eyas.export.load import import_draft_dir
 from eyas.export.stage import export_run
-from eyas.train.trainer import TrainOptions, train
+from eyas.train.options import TrainOptions
+from eyas.train.trainer import train
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 import zoo
 from eyas.cli import app
-from eyas.data.prepare import AlreadyPrepared, PrepareOptions, prepare
-from eyas.data.regenerate import RegenerationOptions
+from eyas.data.options import PrepareOptions, RegenerationOptions
+from eyas.data.prepare import AlreadyPrepared, prepare
 from eyas.data.samples import read_samples
 from eyas.errors import EyasError
 from eyas.target.loading import load_tokenizer, resolve_target

@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 import zoo
-from eyas.capture.stage import CaptureOptions, capture
+from eyas.capture.options import CaptureOptions
+from eyas.capture.stage import capture
 from eyas.errors import EyasError
 from eyas.store.check import check_store
 from eyas.store.reader import FeatureStore

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 import zoo
 from eyas.errors import EyasError
-from eyas.train.trainer import TrainOptions, train
+from eyas.train.options import TrainOptions
+from eyas.train.trainer import train
 
 
 @pytest.fixture(scope="module")

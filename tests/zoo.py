@@ -251,7 +251,8 @@ def tiny_store(root, sizes=(("train", 32), ("holdout", 6))):
     """A tiny target, its DATA_DIR and an fp32 FEATURES_DIR under ``root``: (target, data, features)."""
     from pathlib import Path
 
-    from eyas.capture.stage import CaptureOptions, capture
+    from eyas.capture.options import CaptureOptions
+    from eyas.capture.stage import capture
 
     root = Path(root)
     target = save_tiny_target(root / "target")

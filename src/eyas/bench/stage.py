@@ -2,33 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
+from eyas.bench.options import BenchOptions
 from eyas.errors import EyasError
-
-
-@dataclass
-class BenchOptions:
-    """Everything ``eyas bench`` takes; defaults are the documented ones."""
-
-    target: str
-    draft: Path
-    out: Path
-    datasets: tuple[str, ...] = ("mt-bench", "humaneval", "sharegpt-holdout")
-    data: Path | None = None  # DATA_DIR: its holdout for sharegpt-holdout; its training prompts stay out of benchmarks
-    modes: str = "chain:5,tree:60,7,10"
-    temperature: float = 0.0
-    top_p: float = 1.0
-    prompts: int | None = None  # the first N prompts of each dataset (all if None)
-    max_new_tokens: int = 256
-    max_prompt_tokens: int = 1024
-    seed: int = 0
-    device: str | None = None
-    trust_remote_code: bool = False
-    graphs: bool = True
-    compile: bool = False
-    lean: bool = True
 
 
 def bench_stage(options: BenchOptions, show_progress: bool = True):

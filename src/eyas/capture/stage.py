@@ -11,12 +11,12 @@ the rest exactly as planned, so the result is identical to an uninterrupted run.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from eyas.capture.options import CaptureOptions
 from eyas.data.samples import batch_inputs, read_samples
 from eyas.distributed import barrier, init_distributed
 from eyas.errors import EyasError
@@ -29,28 +29,6 @@ from eyas.target.layout import text_config
 from eyas.target.loading import load_target_config
 
 MANIFEST = "manifest.json"
-
-
-@dataclass
-class CaptureOptions:
-    """Everything ``eyas capture`` takes; defaults are the documented ones."""
-
-    target: str
-    data: Path
-    out: Path
-    dtype: str = "bf16"
-    layer_ids: tuple[int, ...] | None = None
-    splits: tuple[str, ...] = ("train", "holdout")
-    token_budget: int = 16384
-    max_batch: int = 64
-    shard_mb: int = 256
-    max_gb: float | None = None
-    force: bool = False
-    engine: str = "hf"
-    vllm_python: str | None = None
-    trust_remote_code: bool = False
-    # SHA-256 runs at ~1 GiB/s per core: several shards in flight keep up with a fast GPU.
-    writer_threads: int = field(default_factory=lambda: max(2, min(4, (os.cpu_count() or 2) // 2)))
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from eyas.errors import EyasError
 
 if TYPE_CHECKING:
-    from eyas.data.regenerate import RegenerationOptions
+    from eyas.data.options import RegenerationOptions
 
 Messages = list[dict[str, str]]
 log = logging.getLogger(__name__)

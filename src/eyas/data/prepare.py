@@ -20,8 +20,8 @@ import numpy as np
 
 from eyas import __version__
 from eyas.data.conversation import Conversation, Skip
+from eyas.data.options import PrepareOptions
 from eyas.data.readers import read_source
-from eyas.data.regenerate import RegenerationOptions
 from eyas.data.regenerate_workers import regenerate_in_dir
 from eyas.data.render import ChatRenderer, RenderError
 from eyas.data.samples import Sample, write_samples
@@ -32,28 +32,6 @@ from eyas.progress import progress_bar
 
 MANIFEST = "manifest.json"
 DATA_FORMAT = "eyas-data/1"
-
-
-@dataclass
-class PrepareOptions:
-    """Everything ``eyas prepare`` takes; defaults are the documented ones."""
-
-    target: str
-    data: list[str]
-    out: Path
-    max_length: int = 2048
-    overflow: str = "truncate"  # or "drop"
-    holdout: float = 0.05
-    draft_vocab_size: int = 32000
-    chat_template: Path | None = None
-    limit: int | None = None
-    regenerate: bool = False
-    regeneration: RegenerationOptions = field(default_factory=RegenerationOptions)
-    # in-process regeneration: worker processes, one per GPU (None = every visible GPU); not part of the
-    # fingerprint, since the answers do not depend on how the conversations were spread over GPUs
-    workers: int | None = 1
-    force: bool = False
-    trust_remote_code: bool = False
 
 
 @dataclass

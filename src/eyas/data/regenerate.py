@@ -22,6 +22,7 @@ from rich.text import Text
 
 from eyas.data.conversation import Conversation, Turn
 from eyas.data.generators import Answer, GenerationError, HFGenerator, OpenAIServerGenerator, TurnGenerator
+from eyas.data.options import RegenerationOptions
 from eyas.errors import EyasError
 
 __all__ = [
@@ -38,24 +39,6 @@ __all__ = [
 ]
 
 MAX_FAILURES_KEPT = 50
-
-
-@dataclass
-class RegenerationOptions:
-    """How to generate: sampling, limits, and where the target runs (a server, or in-process)."""
-
-    temperature: float = 0.0
-    max_new_tokens: int = 1024
-    server: str | None = None  # OpenAI-compatible base URL, e.g. "http://127.0.0.1:8000/v1"; None = in-process HF
-    model: str | None = None  # model name sent to the server; None = the first id from GET {server}/models
-    concurrency: int = 16  # parallel HTTP requests (server path)
-    batch_size: int = 8  # prompts per generate() call (in-process path)
-    # in-process: generate over a reused static KV cache, which transformers compiles (a GPU decode step
-    # is launch-bound without it); None = on CUDA only
-    static_cache: bool | None = None
-    retries: int = 3  # per request, after the first attempt, with exponential backoff
-    timeout: float = 300.0  # seconds per HTTP request
-    seed: int = 0
 
 
 @dataclass

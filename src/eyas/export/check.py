@@ -58,6 +58,17 @@ def check_draft_dir(directory: Path, target_model_type: str | None = None, targe
     return result
 
 
+def check_for_target(directory: Path, target: str | None) -> CheckResult:
+    """``check_draft_dir``, with the target's family and depth read from its config when ``target`` is given."""
+    if not target:
+        return check_draft_dir(directory)
+    from eyas.target.layout import text_config
+    from eyas.target.loading import load_target_config
+
+    text = text_config(load_target_config(target)[0])
+    return check_draft_dir(directory, text.model_type, int(text.num_hidden_layers))
+
+
 def _read_config(directory: Path, result: CheckResult) -> dict | None:
     path = directory / "config.json"
     if not path.is_file():

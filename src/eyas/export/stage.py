@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
 from eyas.errors import EyasError
-
-
-@dataclass
-class ExportOptions:
-    """Everything ``eyas export`` takes; defaults are the documented ones."""
-
-    run_dir: Path
-    out: Path
-    format: str = "eagle3"  # or "speculators" (vLLM's own format)
-    dtype: str = "bf16"  # or "fp16" ("fp32" for tests)
+from eyas.export.options import ExportOptions
 
 
 def export_stage(options: ExportOptions, console: Console) -> Path:

@@ -38,6 +38,26 @@ class TargetDescription:
         """Plain JSON-ready dict."""
         return asdict(self)
 
+    def rows(self) -> list[tuple[str, str]]:
+        """The (label, value) rows of the table ``eyas inspect`` prints."""
+        return [
+            ("source", self.source),
+            ("architecture", f"{self.architecture} (model_type {self.model_type})"),
+            ("decoder layers", f"{self.layers_path}: N = {self.num_layers}"),
+            ("hidden size H", str(self.hidden_size)),
+            ("vocab", str(self.vocab_size)),
+            ("parameters", f"{self.parameters / 1e6:,.1f} M"),
+            ("token embedding", self.embed_path),
+            ("final norm", self.norm_path),
+            ("lm_head", self.lm_head_path),
+            ("layer ids (eyas = vLLM)", f"{self.layer_ids}  (input of decoder layer L)"),
+            ("  SGLang spelling", str(self.sglang_layer_ids) if self.sglang_layer_ids else "not expressible"),
+            ("  SpecForge spelling", f"{self.specforge_layer_ids}  (output of layer L-1)"),
+            ("chat template", {True: "present", False: "absent", None: "no tokenizer found"}[self.chat_template]),
+            ("dtype", self.dtype),
+            ("device plan", self.device_plan),
+        ]
+
 
 def describe_target(spec: str, trust_remote_code: bool = False) -> TargetDescription:
     """Read the config, build the module tree on the meta device, and discover the layout."""

@@ -31,37 +31,7 @@ from eyas.progress import progress_bar
 from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from eyas.train.data import OfflineSource, OnlineSource, batches_forever
 from eyas.train.evaluate import evaluate
-
-
-@dataclass
-class TrainOptions:
-    """Everything ``eyas train`` takes; defaults are the documented ones."""
-
-    target: str
-    out: Path
-    features: Path | None = None
-    data: Path | None = None
-    online: bool = False
-    ttt_steps: int = 7
-    step_decay: float = 0.8
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.015
-    clip: float = 0.5
-    epochs: float = 1.0
-    max_steps: int | None = None
-    token_budget: int = 8192
-    grad_accum: int = 1
-    checkpoint_every: int = 500
-    eval_batches: int | None = 50
-    keep: int = 3
-    seed: int = 0
-    resume: bool = False
-    fsdp: bool = False  # shard the drafter over ranks with FSDP2 (for drafters of very large targets)
-    hidden_size: int | None = None
-    layer_ids: tuple[int, ...] | None = None
-    trust_remote_code: bool = False
+from eyas.train.options import TrainOptions
 
 
 @dataclass

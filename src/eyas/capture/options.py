@@ -1,0 +1,49 @@
+"""The options of ``eyas capture`` (and of ``eyas capture --check``): each field's default and help, once."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from eyas.options import option, remote_code
+
+
+def _writer_threads() -> int:
+    # SHA-256 runs at ~1 GiB/s per core: several shards in flight keep up with a fast GPU.
+    return max(2, min(4, (os.cpu_count() or 2) // 2))
+
+
+@dataclass
+class CaptureOptions:
+    """Capture the target's hidden states for DATA_DIR into FEATURES_DIR (sharded safetensors).
+
+    Estimates the bytes first and refuses when the disk is short. Killed at any moment, the same
+    command resumes; under `torchrun --nproc-per-node N eyas capture ...` each rank captures its
+    share of the shards (NCCL on GPUs, gloo on CPU) and rank 0 writes the manifest.
+    """
+
+    target: str = option(help="the target whose hidden states are captured")
+    data: Path = option(help="DATA_DIR written by eyas prepare")
+    out: Path = option(help="FEATURES_DIR to write (resumable: rerun the same command)")
+    dtype: str = option("bf16", "storage precision: bf16, fp16, fp32, or fp8 (e4m3 + per-token scale, half of bf16)")
+    layer_ids: tuple[int, ...] | None = option(None, "eyas layer ids, e.g. 2,15,27 (default: 2, N//2, N-3)")
+    splits: tuple[str, ...] = option(("train", "holdout"), "which DATA_DIR splits to capture")
+    token_budget: int = option(16384, "tokens per forward batch, padding included")
+    max_batch: int = option(64, "most sequences per forward batch")
+    shard_mb: int = option(256, "approximate shard size in MiB")
+    max_gb: float | None = option(None, "cap the store size: samples beyond it are left out")
+    force: bool = option(False, "discard an existing store / ignore the free-space check")
+    engine: str = option("hf", "hf (in-process transformers) or vllm (vLLM's extract_hidden_states)")
+    vllm_python: str | None = option(None, "python of the vLLM environment (engine vllm)")
+    trust_remote_code: bool = remote_code()
+    writer_threads: int = option(help="threads hashing and writing shards (default: half the cores, 2 to 4)",
+                                 factory=_writer_threads)
+
+
+@dataclass
+class StoreCheckOptions:
+    """``eyas capture --check FEATURES_DIR``: verify a store instead of capturing one."""
+
+    check: Path | None = option(None, "verify FEATURES_DIR (checksums, counts, re-capture a few samples)")
+    check_samples: int = option(4, "samples --check re-captures with the live target")

@@ -1,0 +1,18 @@
+"""The options of ``eyas export``: each field's default and help, once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from eyas.options import option
+
+
+@dataclass
+class ExportOptions:
+    """Export a trained drafter in the EAGLE-3 format SGLang and vLLM both load, then check it."""
+
+    run_dir: Path = option(help="RUN_DIR written by eyas train", positional=True)
+    out: Path = option(help="DRAFT_DIR to write (config.json, model.safetensors, README.md)")
+    format: str = option("eagle3", "eagle3 (SGLang and vLLM) or speculators (vLLM's own format)")
+    dtype: str = option("bf16", "bf16 or fp16 (fp32 for tests)")

@@ -1,0 +1,40 @@
+"""The options of ``eyas train``: each field's default and help, once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from eyas.options import option, remote_code
+
+
+@dataclass
+class TrainOptions:
+    """Train an EAGLE-3 drafter with training-time test, from FEATURES_DIR or online from DATA_DIR."""
+
+    target: str = option(help="the target the drafter serves")
+    out: Path = option(help="RUN_DIR: checkpoints, metrics.jsonl, tensorboard/, final/")
+    features: Path | None = option(None, "FEATURES_DIR from eyas capture (offline training)")
+    data: Path | None = option(None, "DATA_DIR from eyas prepare (with --online)")
+    online: bool = option(False, "run the target in this process: nothing is written to disk "
+                          "(the default when --data is given without --features)")
+    resume: bool = option(False, "continue RUN_DIR from its latest checkpoint")
+    ttt_steps: int = option(7, "training-time-test steps K")
+    step_decay: float = option(0.8, "weight of step k's loss is decay^k")
+    lr: float = option(1e-4, "peak learning rate (AdamW)")
+    betas: tuple[float, float] = option((0.9, 0.95), "AdamW betas")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    warmup_ratio: float = option(0.015, "share of steps with linear warm-up (then cosine)")
+    clip: float = option(0.5, "gradient-norm clip")
+    epochs: float = option(1.0, "passes over the training split")
+    max_steps: int | None = option(None, "stop after this many optimizer steps")
+    token_budget: int = option(8192, "tokens per micro-batch, padding included")
+    grad_accum: int = option(1, "micro-batches per optimizer step")
+    checkpoint_every: int = option(500, "optimizer steps between checkpoints (and holdout evaluations)")
+    eval_batches: int | None = option(50, "holdout batches per evaluation (all if not given)")
+    keep: int = option(3, "checkpoints kept (the oldest are deleted)")
+    seed: int = option(0, "seed of the drafter's initialisation and the batch order")
+    fsdp: bool = option(False, "under torchrun: shard the drafter over ranks with FSDP2 (for drafters of very large targets)")
+    hidden_size: int | None = option(None, "drafter width (default: the target's)")
+    layer_ids: tuple[int, ...] | None = option(None, "online only: eyas layer ids (default 2, N//2, N-3)")
+    trust_remote_code: bool = remote_code()
