@@ -67,6 +67,11 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(setup, tmp_path):
         assert torch.equal(a[name], b[name]), name
     steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3, 4, 5, 6]  # what the killed run logged after its checkpoint is not repeated
+    # a finished run resumed (what a rerun of `eyas run` does) trains nothing and keeps its weights and final evaluation
+    again = train(opts(target, tmp_path / "clean", features=features, resume=True))
+    assert (again.resumed_from, again.steps) == (6, 6) and again.final_eval == clean.final_eval != {}
+    for name, tensor in load_file(tmp_path / "clean" / "final" / "model.safetensors").items():
+        assert torch.equal(tensor, a[name]), name
 
 
 TERMINATE_DURING_STEP_3 = textwrap.dedent("""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -59,6 +60,15 @@ def write_json_atomic(path: Path, data) -> None:
     """Write ``data`` as indented JSON, atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, streamed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 from eyas.bench.run import BenchResult
 from eyas.io import atomic_path, write_json_atomic
 
+REPORT_FILES = ("report.json", "report.md", "acceptance.png")
+
 
 def rows(result: BenchResult) -> list[dict]:
     """One row per dataset and speculative mode, with the baseline's speed beside it."""

@@ -8,13 +8,15 @@ from eyas.errors import EyasError
 
 def bench_stage(options: BenchOptions, show_progress: bool = True):
     """Decode every prompt plainly and in every mode; write REPORT_DIR; return (result, header)."""
-    from eyas.bench.report import write_report
+    from eyas.bench.report import REPORT_FILES, write_report
     from eyas.bench.run import parse_modes, run_bench
     from eyas.data.benchmarks import load_prompts
     from eyas.engine.acceptance import Sampling
     from eyas.engine.loading import load_engine
+    from eyas.manifest import clear_manifest, input_record, write_manifest
     from eyas.progress import progress_bar
-    from eyas.target.loading import load_target
+    from eyas.target.facts import target_facts, target_input
+    from eyas.target.loading import load_target, load_target_config
 
     modes = parse_modes(options.modes)
     target = load_target(options.target, device=options.device, trust_remote_code=options.trust_remote_code)
@@ -34,5 +36,11 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
                            engine.stop_ids, progress=bar if show_progress else None)
     header = {"target": options.target, "draft": str(options.draft), "datasets": ",".join(options.datasets),
               "dropped_prompts": dropped}
+    clear_manifest(options.out)  # until the new report is complete, nothing claims REPORT_DIR is finished
     write_report(result, options.out, header)
+    facts = target_facts(options.target, *load_target_config(options.target, options.trust_remote_code))
+    inputs = [target_input(facts), input_record("draft", options.draft)]
+    if options.data is not None:
+        inputs.append(input_record("data", options.data))
+    write_manifest(options.out, "bench", options, inputs, REPORT_FILES, target=facts)
     return result, header

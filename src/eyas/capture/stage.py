@@ -10,7 +10,6 @@ the rest exactly as planned, so the result is identical to an uninterrupted run.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -18,17 +17,18 @@ from pathlib import Path
 
 from eyas.capture.options import CaptureOptions
 from eyas.data.samples import batch_inputs, read_samples
+from eyas.data.vocab import VOCAB_FILE
 from eyas.distributed import barrier, init_distributed
 from eyas.errors import EyasError
+from eyas.io import atomic_path, file_sha256
+from eyas.manifest import MANIFEST, input_record, manifest_fields, output_record
 from eyas.progress import progress_bar
 from eyas.store.async_writer import ShardWriterPool
 from eyas.store.plan import ShardPlan, plan_shards
 from eyas.store.shards import DTYPES, ShardRecord, StoreManifest, bytes_per_token, pack_states, shard_name, write_shard
+from eyas.target.facts import target_facts, target_input
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
-from eyas.target.layout import text_config
 from eyas.target.loading import load_target_config
-
-MANIFEST = "manifest.json"
 
 
 @dataclass
@@ -60,22 +60,23 @@ def capture(options: CaptureOptions) -> CaptureReport:
     report = CaptureReport(rank=rank, world_size=world)
     out = Path(options.out)
     config, source = load_target_config(options.target, options.trust_remote_code)
-    tconfig = text_config(config)
-    num_layers, hidden = int(tconfig.num_hidden_layers), int(tconfig.hidden_size)
+    target = target_facts(options.target, config, source)
+    num_layers, hidden = target["num_layers"], target["hidden_size"]
     layer_ids = validate_layer_ids(options.layer_ids or default_layer_ids(num_layers), num_layers)
-    samples = _load_samples(Path(options.data), options.splits)
+    data_dir = Path(options.data)
+    samples = _load_samples(data_dir, options.splits)
     manifest = StoreManifest(
-        target={"spec": options.target, "source": source, "config_sha256": _sha(config.to_json_string()),
-                "architecture": (config.architectures or ["?"])[0], "num_layers": num_layers, "hidden_size": hidden},
-        data={"path": str(Path(options.data).resolve()), "manifest_sha256": _sha((Path(options.data) / "manifest.json").read_text())},
+        **manifest_fields("capture", options, [input_record("data", data_dir), target_input(target)]),
+        target=target,
+        data={"path": str(data_dir.resolve()), "manifest_sha256": file_sha256(data_dir / MANIFEST)},
         layer_ids=list(layer_ids),
         layer_id_convention="eyas/vLLM: id L = residual stream entering decoder layer L (HF hidden_states[L])",
         dtype=options.dtype,
-        options={"token_budget": options.token_budget, "max_batch": options.max_batch, "shard_mb": options.shard_mb,
-                 "splits": list(options.splits), "max_gb": options.max_gb, "engine": options.engine},
     )
     done = _resume_state(out, manifest, options.force, rank)
     if done is None:
+        if rank == 0:
+            _carry_vocab_into_finished(out, data_dir)
         report.already_complete = True
         return report
 
@@ -120,7 +121,7 @@ def capture(options: CaptureOptions) -> CaptureReport:
             path = out / shard_name(split, plan.index)
             writers.submit(lambda p=path, k=packs: write_shard(p, k), recorder(split, plan, rows))
     report.capture_seconds = time.perf_counter() - loop_started
-    _finish(out, manifest, plans, world, rank)
+    _finish(out, data_dir, manifest, plans, world, rank)
     if options.engine == "vllm" and rank == 0:
         shutil.rmtree(out / ".vllm", ignore_errors=True)  # the store is complete: vLLM's raw files are no longer needed
     report.seconds = time.perf_counter() - started
@@ -128,8 +129,9 @@ def capture(options: CaptureOptions) -> CaptureReport:
 
 
 def _load_samples(data_dir: Path, splits) -> dict:
-    if not (data_dir / "manifest.json").is_file():
-        raise EyasError(f"{data_dir} is not a DATA_DIR (no manifest.json); run eyas prepare first")
+    for name in (MANIFEST, VOCAB_FILE):
+        if not (data_dir / name).is_file():
+            raise EyasError(f"{data_dir} is not a DATA_DIR (no {name}); run eyas prepare first")
     samples = {}
     for split in splits:
         path = data_dir / f"{split}.parquet"
@@ -223,8 +225,9 @@ def _state_source(options, source, layer_ids, device, num_layers, todo, samples)
     return states
 
 
-def _finish(out: Path, manifest: StoreManifest, plans: dict, world: int, rank: int) -> None:
-    """Rank 0 merges the partial manifests into manifest.json once every rank is done."""
+def _finish(out: Path, data_dir: Path, manifest: StoreManifest, plans: dict, world: int, rank: int) -> None:
+    """Rank 0 copies the draft vocabulary into the store and merges the partial manifests into manifest.json once every
+    rank is done."""
     barrier()
     if rank != 0:
         return
@@ -235,13 +238,25 @@ def _finish(out: Path, manifest: StoreManifest, plans: dict, world: int, rank: i
     if missing:
         raise EyasError(f"capture finished with shards missing from the manifests: {missing[:5]}; rerun the same command")
     ordered = [records[name] for name in expected]
-    StoreManifest(**{**asdict(manifest), "shards": ordered, "complete": True}).save(out / MANIFEST)
+    outputs = [_carry_vocab(out, data_dir)]
+    StoreManifest(**{**asdict(manifest), "shards": ordered, "complete": True, "outputs": outputs}).save(out / MANIFEST)
     for path in partials:
         path.unlink()
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+def _carry_vocab(out: Path, data_dir: Path) -> dict:
+    """Copy DATA_DIR's draft vocabulary into FEATURES_DIR (offline training reads it there); its output record."""
+    with atomic_path(out / VOCAB_FILE) as tmp:
+        shutil.copyfile(data_dir / VOCAB_FILE, tmp)
+    return output_record(out, VOCAB_FILE)
+
+
+def _carry_vocab_into_finished(out: Path, data_dir: Path) -> None:
+    """A store finished before stores carried their vocabulary gets it now, without capturing again."""
+    manifest = StoreManifest.load(out / MANIFEST)
+    if manifest.output(VOCAB_FILE) is None:
+        manifest.outputs = [*manifest.outputs, _carry_vocab(out, data_dir)]
+        manifest.save(out / MANIFEST)
 
 
 def describe(report: CaptureReport) -> str:

@@ -18,20 +18,19 @@ from pathlib import Path
 
 import numpy as np
 
-from eyas import __version__
 from eyas.data.conversation import Conversation, Skip
 from eyas.data.options import PrepareOptions
 from eyas.data.readers import read_source
 from eyas.data.regenerate_workers import regenerate_in_dir
 from eyas.data.render import ChatRenderer, RenderError
 from eyas.data.samples import Sample, write_samples
-from eyas.data.vocab import build_draft_vocab, count_masked_tokens, save_vocab
+from eyas.data.vocab import VOCAB_FILE, build_draft_vocab, count_masked_tokens, save_vocab
 from eyas.errors import EyasError
 from eyas.io import write_json_atomic
+from eyas.manifest import MANIFEST, input_record, manifest_fields
 from eyas.progress import progress_bar
 
-MANIFEST = "manifest.json"
-DATA_FORMAT = "eyas-data/1"
+FILES = {"train": "train.parquet", "holdout": "holdout.parquet", "vocab": VOCAB_FILE}
 
 
 @dataclass
@@ -56,6 +55,7 @@ class PrepareStats:
 
 def prepare(options: PrepareOptions) -> PrepareStats:
     """Run the prepare stage; returns the statistics (also saved in the manifest)."""
+    from eyas.target.facts import target_facts, target_input
     from eyas.target.loading import load_target_config, load_tokenizer
 
     _check_options(options)
@@ -87,11 +87,12 @@ def prepare(options: PrepareOptions) -> PrepareStats:
     vocab_size = max(_target_vocab_size(config), len(tokenizer))
     counts = count_masked_tokens(((s.input_ids, s.loss_mask) for s in train), vocab_size)
     vocab = build_draft_vocab(counts, options.draft_vocab_size)
-    write_samples(train, out / "train.parquet")
-    write_samples(holdout, out / "holdout.parquet")
-    save_vocab(vocab, out / "vocab.safetensors")
+    write_samples(train, out / FILES["train"])
+    write_samples(holdout, out / FILES["holdout"])
+    save_vocab(vocab, out / FILES["vocab"])
     stats.seconds = time.perf_counter() - started
-    write_json_atomic(out / MANIFEST, _manifest(options, fingerprint, stats, vocab_size, len(vocab.d2t)))
+    inputs = [*(input_record("source", spec) for spec in options.data), target_input(target_facts(options.target, config, source))]
+    write_json_atomic(out / MANIFEST, _manifest(options, fingerprint, stats, vocab_size, len(vocab.d2t), inputs))
     return stats
 
 
@@ -281,21 +282,24 @@ def _already_prepared(out: Path, fingerprint: dict) -> bool:
         old = json.loads(manifest.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return {k: old.get(k) for k in fingerprint} == fingerprint
+    recorded = old.get("fingerprint") or {k: old.get(k) for k in fingerprint}  # older manifests: at the top level
+    return recorded == fingerprint
 
 
-def _manifest(options: PrepareOptions, fingerprint: dict, stats: PrepareStats, vocab_size: int, draft_vocab: int) -> dict:
+def _manifest(options: PrepareOptions, fingerprint: dict, stats: PrepareStats, vocab_size: int, draft_vocab: int,
+              inputs: list[dict]) -> dict:
     stats_dict = asdict(stats)
     stats_dict["skipped"] = dict(stats.skipped)
     stats_dict["dropped"] = dict(stats.dropped)
     return {
-        "format": DATA_FORMAT,
-        "eyas_version": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **manifest_fields("prepare", options, inputs, options.out, FILES.values()),
         "target": options.target,
-        **fingerprint,
+        "fingerprint": fingerprint,
+        "sources": fingerprint["sources"],
+        "tokenizer_sha256": fingerprint["tokenizer_sha256"],
+        "chat_template_sha256": fingerprint["chat_template_sha256"],
         "vocab_size": vocab_size,
         "draft_vocab_size": draft_vocab,
-        "files": {"train": "train.parquet", "holdout": "holdout.parquet", "vocab": "vocab.safetensors"},
+        "files": FILES,
         "stats": stats_dict,
     }

@@ -18,6 +18,8 @@ import torch
 
 from eyas.io import atomic_path
 
+VOCAB_FILE = "vocab.safetensors"  # in DATA_DIR, and the copy FEATURES_DIR carries
+
 
 @dataclass
 class DraftVocab:

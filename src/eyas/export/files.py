@@ -10,6 +10,7 @@ anything but tensors and plain containers. Names are normalised to eyas' (``midl
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -90,8 +91,13 @@ def read_shapes(directory: Path, normalise: bool = True) -> dict[str, tuple[list
     return out
 
 
-def write_draft_dir(out: Path, config: dict, tensors: dict[str, torch.Tensor], card: str) -> Path:
-    """Write config.json, model.safetensors and README.md into ``out``, atomically (:func:`eyas.io.atomic_dir`)."""
+DRAFT_FILES = ("config.json", "model.safetensors", "README.md")
+
+
+def write_draft_dir(out: Path, config: dict, tensors: dict[str, torch.Tensor], card: str,
+                    then: Callable[[Path], object] | None = None) -> Path:
+    """Write config.json, model.safetensors and README.md into ``out``, atomically (:func:`eyas.io.atomic_dir`); ``then``
+    is called with the filled temporary directory before it takes ``out``'s place (export writes manifest.json there)."""
     from safetensors.torch import save_file
 
     from eyas.io import atomic_dir
@@ -100,4 +106,6 @@ def write_draft_dir(out: Path, config: dict, tensors: dict[str, torch.Tensor], c
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "README.md").write_text(card)
+        if then is not None:
+            then(tmp)
     return Path(out)

@@ -30,10 +30,10 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
     from eyas.drafter.config import DrafterConfig
     from eyas.export.card import model_card
     from eyas.export.eagle3 import TORCH_DTYPES, draft_config, draft_tensors
-    from eyas.export.files import write_draft_dir
+    from eyas.export.files import DRAFT_FILES, write_draft_dir
     from eyas.export.speculators import speculators_config
-    from eyas.target.layout import text_config
-    from eyas.target.loading import load_target_config
+    from eyas.manifest import input_record, write_manifest
+    from eyas.target.facts import target_input
 
     run_dir = Path(run_dir)
     final = run_dir / "final"
@@ -45,12 +45,29 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
         raise EyasError(f"--format must be eagle3 or speculators, not {fmt!r}")
     drafter = DrafterConfig.from_dict(json.loads((final / "drafter_config.json").read_text()))
     options = json.loads((run_dir / "train_options.json").read_text())
-    target_config, _ = load_target_config(options["target"], bool(options.get("trust_remote_code")))
-    text = text_config(target_config)
-    config = draft_config(drafter, text.model_type, int(text.num_hidden_layers), dtype)
+    target = _target_facts(run_dir, options)
+    config = draft_config(drafter, target["model_type"], target["num_layers"], dtype)
     tensors = draft_tensors(load_file(str(final / "model.safetensors")), config, dtype)
     report = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").is_file() else {}
     card = model_card(config, options, report, Path(out).name)
     if fmt == "speculators":
         config = speculators_config(config, str(options["target"]))
-    return write_draft_dir(out, config, tensors, card)
+    stage = ExportOptions(run_dir=run_dir, out=Path(out), format=fmt, dtype=dtype)
+    inputs = [input_record("run", run_dir), target_input(target)]
+    return write_draft_dir(out, config, tensors, card,
+                           then=lambda tmp: write_manifest(tmp, "export", stage, inputs, DRAFT_FILES, target=target))
+
+
+def _target_facts(run_dir: Path, train_options: dict) -> dict:
+    """What export needs of the target, from RUN_DIR (target.json); a run made before runs recorded it loads the
+    target's config instead (a hub id may then download it)."""
+    from eyas.train.run_dir import read_target_facts
+
+    facts = read_target_facts(run_dir)
+    if facts is not None:
+        return facts
+    from eyas.target.facts import target_facts
+    from eyas.target.loading import load_target_config
+
+    config, source = load_target_config(train_options["target"], bool(train_options.get("trust_remote_code")))
+    return target_facts(train_options["target"], config, source)

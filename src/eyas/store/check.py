@@ -12,8 +12,10 @@ from rich.table import Table
 
 from eyas.data.samples import read_samples
 from eyas.errors import EyasError
+from eyas.io import file_sha256
+from eyas.manifest import MANIFEST
 from eyas.store.reader import FeatureStore
-from eyas.store.shards import StoreManifest, file_sha256
+from eyas.store.shards import StoreManifest
 
 # Largest relative difference (max |stored − live| / max |live|) expected from storage rounding.
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 1.6e-2, "fp8": 1.3e-1}
@@ -27,6 +29,7 @@ class CheckReport:
     bad_checksums: list[str] = field(default_factory=list)
     count_problems: list[str] = field(default_factory=list)
     recaptured: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # comparisons that could not be made, and why
     max_abs: dict[str, float] = field(default_factory=dict)
     max_rel: dict[str, float] = field(default_factory=dict)
     tolerance: float = 0.0
@@ -40,7 +43,7 @@ class CheckReport:
 def check_store(directory: Path, target: str | None = None, samples: int = 4, trust_remote_code: bool = False) -> CheckReport:
     """Verify checksums and counts; re-capture ``samples`` random samples with the live target."""
     directory = Path(directory)
-    manifest = StoreManifest.load(directory / "manifest.json")
+    manifest = StoreManifest.load(directory / MANIFEST)
     report = CheckReport(shards=len(manifest.shards), tolerance=TOLERANCE[manifest.dtype])
     for shard in manifest.shards:
         path = directory / shard.file
@@ -48,10 +51,10 @@ def check_store(directory: Path, target: str | None = None, samples: int = 4, tr
             report.bad_checksums.append(f"{shard.file}: missing")
         elif file_sha256(path) != shard.sha256:
             report.bad_checksums.append(f"{shard.file}: sha256 differs from the manifest")
-    data_dir = Path(manifest.data["path"])
+    data_dir = _captured_data_dir(manifest, report)
     for split in manifest.options["splits"]:
         store = FeatureStore(directory, split)
-        expected = {s.id: len(s.input_ids) for s in read_samples(data_dir / f"{split}.parquet")} if data_dir.is_dir() else None
+        expected = {s.id: len(s.input_ids) for s in read_samples(data_dir / f"{split}.parquet")} if data_dir else None
         ids = store.sample_ids
         if len(set(ids)) != len(ids):
             report.count_problems.append(f"{split}: a sample appears more than once")
@@ -64,6 +67,21 @@ def check_store(directory: Path, target: str | None = None, samples: int = 4, tr
     if samples and not report.bad_checksums:
         _recapture(directory, manifest, target or manifest.target["spec"], samples, report, trust_remote_code)
     return report
+
+
+def _captured_data_dir(manifest: StoreManifest, report: CheckReport) -> Path | None:
+    """The DATA_DIR the store was captured from, when it is still where the capture recorded it and unchanged; else None,
+    with the reason in ``report.skipped``."""
+    data_dir = Path(manifest.data["path"])
+    if not (data_dir / MANIFEST).is_file():
+        report.skipped.append(f"sample ids not compared with DATA_DIR: {data_dir}, where the store was captured from, is "
+                              "gone (moved or deleted); checksums, token counts and the re-capture do not need it")
+        return None
+    if file_sha256(data_dir / MANIFEST) != manifest.data["manifest_sha256"]:
+        report.skipped.append(f"sample ids not compared with DATA_DIR: {data_dir} is no longer the DATA_DIR the store was "
+                              "captured from (its manifest.json changed since)")
+        return None
+    return data_dir
 
 
 def _recapture(directory, manifest, target_spec, samples, report, trust_remote_code) -> None:
@@ -102,6 +120,8 @@ def print_check(console: Console, report: CheckReport) -> None:
                   f"counts {'ok' if not report.count_problems else 'BAD'}; re-captured {len(report.recaptured)} samples")
     for problem in report.bad_checksums + report.count_problems:
         console.print(f"  [red]{problem}[/]")
+    for skipped in report.skipped:
+        console.print(f"  [yellow]skipped:[/] {skipped}", soft_wrap=True, highlight=False)
     console.print(table)
     console.print(f"tolerance for this dtype: rel ≤ {report.tolerance:g} → " + ("[green]OK[/]" if report.ok else "[red]FAILED[/]"))
     if not report.ok:

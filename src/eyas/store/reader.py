@@ -12,7 +12,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from eyas.data.vocab import VOCAB_FILE
 from eyas.errors import EyasError
+from eyas.io import file_sha256
+from eyas.manifest import MANIFEST
 from eyas.store import fp8
 from eyas.store.shards import StoreManifest
 
@@ -22,7 +25,7 @@ class FeatureStore:
 
     def __init__(self, directory: Path, split: str = "train", dtype: torch.dtype | None = None):
         self.directory = Path(directory)
-        manifest_path = self.directory / "manifest.json"
+        manifest_path = self.directory / MANIFEST
         if not manifest_path.is_file():
             raise EyasError(f"{self.directory} is not a FEATURES_DIR (no manifest.json); run eyas capture first")
         self.manifest = StoreManifest.load(manifest_path)
@@ -69,6 +72,27 @@ class FeatureStore:
                 values = values.to(self.dtype)
             item[name] = values
         return item
+
+    def vocab_path(self) -> Path:
+        """The draft vocabulary the store was captured with: the store's own copy, or — in a store made before stores
+        carried one — DATA_DIR's, while DATA_DIR is still where the capture recorded it and unchanged."""
+        record, own = self.manifest.output(VOCAB_FILE), self.directory / VOCAB_FILE
+        if record is not None:
+            if not own.is_file() or file_sha256(own) != record["sha256"]:
+                raise EyasError(f"{own} is missing or differs from the one {self.directory / MANIFEST} records; rerun the "
+                                "eyas capture command that made the store to restore it")
+            return own
+        if own.is_file():  # copied in by hand into an older store
+            return own
+        data_dir = Path(self.manifest.data["path"])
+        if (data_dir / VOCAB_FILE).is_file() and (data_dir / MANIFEST).is_file() \
+                and file_sha256(data_dir / MANIFEST) == self.manifest.data["manifest_sha256"]:
+            return data_dir / VOCAB_FILE
+        raise EyasError(
+            f"{self.directory} holds no draft vocabulary (it was captured before stores carried one), and the DATA_DIR it "
+            f"was captured from, {data_dir}, is gone or has changed: rerun the same eyas capture command with --data "
+            f"DATA_DIR (it adds {VOCAB_FILE} to the finished store without capturing again), or copy that DATA_DIR's "
+            f"{VOCAB_FILE} into {self.directory}")
 
     def _handle(self, k: int):
         if k not in self._handles:

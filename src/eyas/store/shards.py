@@ -18,10 +18,15 @@ import numpy as np
 import torch
 
 from eyas.io import atomic_path, write_json_atomic
+from eyas.manifest import FORMATS
 from eyas.store import fp8
 
-STORE_FORMAT = "eyas-features/1"
+STORE_FORMAT = FORMATS["capture"]
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+# What decides the shards' contents: a rerun continues a store only when these match. By content, never by place:
+# DATA_DIR counts by its manifest's SHA-256, so a moved DATA_DIR resumes.
+IDENTITY_TARGET = ("spec", "config_sha256", "architecture", "num_layers", "hidden_size")
+IDENTITY_OPTIONS = ("token_budget", "max_batch", "shard_mb", "splits", "max_gb", "engine")
 
 
 @dataclass
@@ -39,21 +44,33 @@ class ShardRecord:
 
 @dataclass
 class StoreManifest:
-    """What a FEATURES_DIR holds and how it was made (``manifest.json``)."""
+    """What a FEATURES_DIR holds and how it was made (``manifest.json``): the stage manifest's common fields
+    (:mod:`eyas.manifest`) and the store's own."""
 
-    target: dict  # spec, source, config sha256, architecture, num_layers, hidden_size
-    data: dict  # DATA_DIR path and its manifest sha256
+    target: dict  # eyas.target.facts.target_facts: spec, source, config sha256, architecture, model type, N, H, V
+    data: dict  # DATA_DIR: the path captured from, and its manifest's sha256 (what identifies it)
     layer_ids: list[int]
     layer_id_convention: str
     dtype: str
-    options: dict
+    options: dict  # the capture's options
     shards: list[ShardRecord] = field(default_factory=list)
     complete: bool = False
     format: str = STORE_FORMAT
+    stage: str = "capture"
+    eyas_version: str | None = None  # this field and the next ones: None in stores made before they existed
+    git_commit: str | None = None
+    created: str | None = None
+    inputs: list[dict] = field(default_factory=list)
+    outputs: list[dict] = field(default_factory=list)  # files besides the shards: the draft vocabulary
 
     def identity(self) -> dict:
         """The fields that must match for a rerun to continue this store."""
-        return {"target": self.target, "data": self.data, "layer_ids": self.layer_ids, "dtype": self.dtype, "options": self.options}
+        return {"target": {k: self.target.get(k) for k in IDENTITY_TARGET}, "data": self.data.get("manifest_sha256"),
+                "layer_ids": self.layer_ids, "dtype": self.dtype, "options": {k: self.options.get(k) for k in IDENTITY_OPTIONS}}
+
+    def output(self, name: str) -> dict | None:
+        """The record of output file ``name`` (bytes, sha256), or None when the store lists none."""
+        return next((record for record in self.outputs if record["file"] == name), None)
 
     def save(self, path: Path) -> None:
         """Replace ``path`` atomically."""
@@ -164,15 +181,6 @@ def write_shard(path: Path, packs: list[Pack]) -> tuple[int, str]:
                 f.write(view)  # releases the GIL, as does the hash update: writers run in parallel
                 digest.update(view)
     return 8 + len(head) + cursor, digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file, streamed."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def bytes_per_token(hidden_size: int, layers: int, dtype: str) -> int:

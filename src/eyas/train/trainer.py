@@ -26,12 +26,12 @@ from eyas.drafter.loss import step_loss, target_signal
 from eyas.drafter.model import Eagle3Drafter
 from eyas.drafter.ttt import ttt_steps
 from eyas.errors import EyasError
-from eyas.io import write_json_atomic
 from eyas.progress import progress_bar
 from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from eyas.train.data import OfflineSource, OnlineSource, batches_forever
 from eyas.train.evaluate import evaluate
 from eyas.train.options import TrainOptions
+from eyas.train.run_dir import finish_run_dir, start_run_dir
 
 
 @dataclass
@@ -71,18 +71,19 @@ def train(options: TrainOptions) -> TrainReport:
 
     report = TrainReport()
     step, epoch, index = 0, 0, 0
+    record: dict = {}  # the last step's metrics (a resumed run starts from its checkpoint's)
     latest = latest_checkpoint(out)
     if latest is not None and not options.resume:
         raise EyasError(f"{out} already holds a run (checkpoint {latest.name}); pass --resume to continue it, or use another --out")
     if latest is not None:
         state = load_checkpoint(latest, drafter, optimizer, scheduler)
         step, epoch, index = state["step"], state["position"]["epoch"], state["position"]["index"]
+        record = state.get("record", {})  # a finished run resumed runs no step: its final record is the checkpoint's
         report.resumed_from = step
     barrier()  # every rank has read the checkpoint before rank 0 may write a new one
     if lead:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "drafter_config.json").write_text(json.dumps(drafter.config.to_dict(), indent=2))
-        (out / "train_options.json").write_text(json.dumps(_jsonable(asdict(options)), indent=2))
+        start_run_dir(out, options, drafter.config.to_dict(), setup["target"])
     metrics = _Metrics(out, keep_up_to=step) if lead else None
     if step == 0 and holdout is not None and (lead or sharded):  # a sharded drafter evaluates on every rank
         report.initial_eval = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches, autocast)
@@ -164,8 +165,7 @@ def train(options: TrainOptions) -> TrainReport:
     final_state = full_model_state(drafter)  # every rank: a sharded drafter is gathered here
     if lead:
         metrics.close()
-        _write_final(out, drafter, final_state)
-        write_json_atomic(out / "report.json", asdict(report))
+        finish_run_dir(out, drafter, final_state, asdict(report), options, setup["inputs"])
     barrier()
     return report
 
@@ -223,13 +223,16 @@ def training_autocast(device: torch.device):
 
 
 def setup_training(options: TrainOptions, device: torch.device) -> dict:
-    """Data sources, teacher (target lm_head rows), draft vocabulary and the drafter."""
-    from eyas.data.vocab import load_vocab
+    """Data sources, teacher (target lm_head rows), draft vocabulary, the drafter, and what RUN_DIR records: the target
+    facts (with the layer ids) and the inputs."""
+    from eyas.data.vocab import VOCAB_FILE, load_vocab
+    from eyas.manifest import input_record
+    from eyas.target.facts import target_facts, target_input
     from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
     from eyas.target.loading import load_target_config
 
     dtype = torch.float32  # master weights and batch states; autocast handles bf16 on GPU
-    config, _ = load_target_config(options.target, options.trust_remote_code)
+    config, target_source = load_target_config(options.target, options.trust_remote_code)
     if options.online or (options.features is None and options.data is not None):  # online: the default without a store
         if options.data is None:
             raise EyasError("--online trains from DATA_DIR: give --data DATA_DIR")
@@ -243,6 +246,7 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
             if (data_dir / "holdout.parquet").is_file() else None
         head = target.layout.lm_head.weight.detach()
         embed = target.layout.embed.weight.detach()
+        vocab_path, data_input = data_dir / VOCAB_FILE, input_record("data", options.data)
     else:
         if options.features is None:
             raise EyasError("give --features FEATURES_DIR (offline) or --data DATA_DIR --online")
@@ -251,22 +255,23 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
 
         store = FeatureStore(options.features, "train")
         layer_ids = tuple(store.manifest.layer_ids)
-        data_dir = Path(store.manifest.data["path"])
+        vocab_path, data_input = store.vocab_path(), input_record("features", options.features)
         source = OfflineSource(options.features, "train", options.token_budget, device, dtype)
         holdout = OfflineSource(options.features, "holdout", options.token_budget, device, dtype) \
             if "holdout" in store.manifest.options["splits"] else None
         head, embed = head_and_embedding(options.target, options.trust_remote_code)
     if not source.batches:
         raise EyasError("the training split is empty")
-    vocab_path = data_dir / "vocab.safetensors"
     if not vocab_path.is_file():
         raise EyasError(f"{vocab_path} is missing: the draft vocabulary comes from eyas prepare's DATA_DIR")
     vocab = load_vocab(vocab_path)
     draft_ids = vocab.draft_ids.to(device)
     drafter_config = drafter_config_from_target(config, layer_ids, len(vocab.d2t), options.hidden_size)
     drafter = _new_drafter(drafter_config, vocab.d2t, head, embed, draft_ids, options.seed).to(device)
+    facts = target_facts(options.target, config, target_source)
     return {"drafter": drafter, "source": source, "holdout": holdout, "head": head.to(device, torch.float32),
-            "draft_ids": draft_ids}
+            "draft_ids": draft_ids, "target": {**facts, "layer_ids": list(layer_ids)},
+            "inputs": [data_input, target_input(facts)]}
 
 
 def _new_drafter(config: DrafterConfig, d2t, head, embed, draft_ids, seed: int) -> Eagle3Drafter:
@@ -286,27 +291,6 @@ def _shard(drafter: Eagle3Drafter) -> None:
 
     for module in (drafter.embed_tokens, drafter.fc, drafter.midlayer, drafter.norm, drafter.lm_head):
         fully_shard(module)
-
-
-def _write_final(out: Path, drafter: Eagle3Drafter, state: dict) -> None:
-    from safetensors.torch import save_file
-
-    from eyas.io import atomic_path
-    from eyas.train.checkpoint import drafter_tensors
-
-    final = out / "final"
-    final.mkdir(exist_ok=True)
-    with atomic_path(final / "model.safetensors") as tmp:
-        save_file(drafter_tensors(drafter, state), str(tmp))
-    write_json_atomic(final / "drafter_config.json", drafter.config.to_dict())
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return str(value) if isinstance(value, Path) else value
 
 
 class _Metrics:

@@ -1,0 +1,29 @@
+"""What later stages need to know about a target without loading it: the facts a stage directory records."""
+
+from __future__ import annotations
+
+import hashlib
+
+from eyas.manifest import input_record
+from eyas.target.layout import text_config
+
+
+def target_facts(spec: str, config, source: str | None = None) -> dict:
+    """The spec, where it resolved, the config's SHA-256 and architecture, and the text config's model type, layer count,
+    hidden and vocabulary sizes (``num_layers`` is the text config's ``num_hidden_layers``)."""
+    text = text_config(config)
+    return {
+        "spec": spec,
+        "source": None if source is None else str(source),
+        "config_sha256": hashlib.sha256(config.to_json_string().encode()).hexdigest(),
+        "architecture": (getattr(config, "architectures", None) or ["?"])[0],
+        "model_type": text.model_type,
+        "num_layers": int(text.num_hidden_layers),
+        "hidden_size": int(text.hidden_size),
+        "vocab_size": int(getattr(text, "vocab_size", 0) or 0),
+    }
+
+
+def target_input(facts: dict) -> dict:
+    """The target as a manifest input: its spec, identified by its config's SHA-256."""
+    return input_record("target", facts["spec"], facts["config_sha256"])

@@ -1,0 +1,53 @@
+"""RUN_DIR's files besides checkpoints and metrics: how the run was asked for, what export needs, what it ended with.
+
+Written when a run starts (or resumes): ``train_options.json``, ``drafter_config.json`` and ``target.json`` — the
+target facts (:func:`eyas.target.facts.target_facts`: spec, config SHA-256, architecture, text model type, layer
+count, hidden and vocabulary sizes) and the layer ids, so that ``eyas export`` never loads the target. Written when
+it finishes: ``final/`` (``model.safetensors`` + ``drafter_config.json``), ``report.json``, then ``manifest.json``
+last (:mod:`eyas.manifest`): its presence means the run finished.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eyas.io import write_json_atomic
+from eyas.manifest import clear_manifest, jsonable, write_manifest
+
+TARGET_FILE = "target.json"
+STARTED_FILES = ("train_options.json", "drafter_config.json", TARGET_FILE)
+FINISHED_FILES = ("final/model.safetensors", "final/drafter_config.json", "report.json", "metrics.jsonl")
+
+
+def start_run_dir(out: Path, options, drafter_config: dict, target: dict) -> None:
+    """Write what a starting (or resuming) run is: its options, drafter config and target facts; until it finishes,
+    no manifest claims the run is done."""
+    out = Path(out)
+    clear_manifest(out)
+    write_json_atomic(out / "train_options.json", jsonable(options))
+    write_json_atomic(out / "drafter_config.json", drafter_config)
+    write_json_atomic(out / TARGET_FILE, target)
+
+
+def finish_run_dir(out: Path, drafter, state: dict, report: dict, options, inputs: list[dict]) -> None:
+    """Write the final weights and config, report.json, then manifest.json last."""
+    from safetensors.torch import save_file
+
+    from eyas.io import atomic_path
+    from eyas.train.checkpoint import drafter_tensors
+
+    out = Path(out)
+    final = out / "final"
+    final.mkdir(exist_ok=True)
+    with atomic_path(final / "model.safetensors") as tmp:
+        save_file(drafter_tensors(drafter, state), str(tmp))
+    write_json_atomic(final / "drafter_config.json", drafter.config.to_dict())
+    write_json_atomic(out / "report.json", report)
+    write_manifest(out, "train", options, inputs, STARTED_FILES + FINISHED_FILES)
+
+
+def read_target_facts(run_dir: Path) -> dict | None:
+    """The target facts a run recorded (``target.json``), or None for a run made before runs recorded them."""
+    path = Path(run_dir) / TARGET_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
