@@ -16,10 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
-from rich.text import Text
-
 from eyas.data.conversation import Conversation, Turn
 from eyas.data.generators import Answer, GenerationError, HFGenerator, OpenAIServerGenerator, TurnGenerator
 from eyas.data.options import RegenerationOptions
@@ -276,26 +272,16 @@ def _reject_duplicate_ids(conversations: list[Conversation]) -> None:
 # --------------------------------------------------------------------------- progress
 
 
-class _RateColumn(ProgressColumn):
-    """Conversations per second (or minute, when slow)."""
-
-    def render(self, task: Task) -> Text:
-        speed = task.speed
-        if not speed:
-            return Text("-- conv/s", style="progress.data.speed")
-        if speed < 1:
-            return Text(f"{speed * 60:.1f} conv/min", style="progress.data.speed")
-        return Text(f"{speed:.2f} conv/s", style="progress.data.speed")
-
-
 @contextmanager
 def _progress_bar(enabled: bool, total: int, resumed: int) -> Iterator[Callable[[RegenerationStats], None]]:
-    """Yield ``advance(stats)``: one more conversation finished or failed."""
-    if not enabled:
-        yield lambda stats: None
-        return
-    columns = (TextColumn("regenerating"), BarColumn(), MofNCompleteColumn(), _RateColumn(), TimeRemainingColumn(),
-               TextColumn("{task.fields[turns]} turns generated, {task.fields[failed]} failed"))
-    with Progress(*columns, console=Console(stderr=True)) as bar:
-        task = bar.add_task("regenerate", total=total, completed=resumed, turns=0, failed=0)
-        yield lambda stats: bar.update(task, advance=1, turns=stats.turns_generated, failed=stats.conversations_failed)
+    """Yield ``advance(stats)``: one more conversation finished or failed (eyas' one progress style)."""
+    from eyas.progress import progress_bar
+
+    with progress_bar("regenerating", total=total, unit="conv", enabled=enabled) as bar:
+        bar(resumed)
+
+        def advance(stats: RegenerationStats) -> None:
+            bar()
+            bar.note(f"{stats.turns_generated} turns generated, {stats.conversations_failed} failed")
+
+        yield advance

@@ -36,7 +36,6 @@ from eyas.io import atomic_path, write_json_atomic
 
 SINGLE_JOURNAL = "regenerated.jsonl"
 _POLL_SECONDS = 1.0
-_LOG_EVERY_SECONDS = 30.0  # progress lines when stderr is not a terminal (a batch job's log)
 
 
 def worker_gpus(workers: int | None) -> list[str]:
@@ -158,12 +157,11 @@ def _run_workers(todo, out: Path, target_spec, options, gpus: list[str],
 
 def _follow(procs, journal_paths: list[Path], total: int, progress: bool) -> None:
     """Wait for the workers, showing conversations finished (complete journal lines written this run)."""
-    from eyas.progress import _stderr, progress_bar
+    from eyas.progress import progress_bar
 
     start_sizes = {p: (p.stat().st_size if p.exists() else 0) for p in journal_paths}
-    offsets, done = dict(start_sizes), 0
-    started = last_log = time.monotonic()
-    with progress_bar(f"regenerating on {len(procs)} GPUs", total=total, unit="conv") as advance:
+    offsets = dict(start_sizes)
+    with progress_bar(f"regenerating on {len(procs)} GPUs", total=total, unit="conv", enabled=progress) as advance:
         while True:
             running = any(proc.poll() is None for _, proc in procs)
             for path in journal_paths:
@@ -174,12 +172,6 @@ def _follow(procs, journal_paths: list[Path], total: int, progress: bool) -> Non
                     whole = new[: new.rfind(b"\n") + 1]  # a line still being written counts next time
                     offsets[path] += len(whole)
                     advance(whole.count(b"\n"))
-                    done += whole.count(b"\n")
-            now = time.monotonic()
-            if progress and not _stderr.is_terminal and (now - last_log >= _LOG_EVERY_SECONDS or not running):
-                rate = done / max(now - started, 1e-9)
-                print(f"regenerated {done}/{total} conversations ({rate:.2f} conv/s)", file=sys.stderr, flush=True)
-                last_log = now
             if not running:
                 return
             time.sleep(_POLL_SECONDS)
