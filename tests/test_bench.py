@@ -40,9 +40,10 @@ def test_bench_reports_tau_speed_and_losslessness(setup, monkeypatch):
     monkeypatch.setattr(eyas.engine.loading, "load_engine", lambda *a, **k: capacities.append(a[2]) or load(*a, **k))
     result = CliRunner().invoke(app, ["bench", "--target", target, "--draft", str(root / "draft"), "--out", str(root / "report"),
                                       "--dataset", "sharegpt-holdout", "--data", str(data), "--mode", "chain:3,tree:8,3,3",
-                                      "--max-new-tokens", "12", "--device", "cpu"])
+                                      "--max-new-tokens", "12", "--device", "cpu", "--repeats", "2"])
     assert result.exit_code == 0, result.output
     report = json.loads((root / "report" / "report.json").read_text())
+    assert report["settings"]["repeats"] == 2
     modes = {row["mode"]: row for row in report["rows"]}
     count = len(holdout_prompts(data))  # holdout conversations with a prompt before their first assistant token
     assert set(modes) == {"chain:3", "tree:8,3,3"}
@@ -51,8 +52,12 @@ def test_bench_reports_tau_speed_and_losslessness(setup, monkeypatch):
         assert row["matches_plain"] == count  # greedy speculative == greedy plain, every prompt
         assert row["tau"] >= 1.0 and row["tokens_per_second"] > 0 and row["plain_tokens_per_second"] > 0
         assert len(row["accepted_per_position"]) == 3
+        low, high = row["speedup_range"]  # the prompts' own speedups; greedy outputs are equal, so the pooled one is between
+        assert 0 < low <= row["speedup"] <= high
     assert (root / "report" / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"| sharegpt-holdout | chain:3 | {count} |" in (root / "report" / "report.md").read_text()
+    low, high = modes["chain:3"]["speedup_range"]
+    assert f"× ({low:.2f}–{high:.2f} over {count} prompts) |" in (root / "report" / "report.md").read_text()
     # caches sized to the longest benchmarked prompt + new tokens + the largest round's drafts + 1
     assert capacities == [max(len(p.input_ids) for p in holdout_prompts(data)) + 12 + 8 + 1]
 

@@ -109,14 +109,14 @@ def _check_draft(console: Console, draft: Path) -> None:
 def _closing_table(console: Console, config: RunConfig, trained, bench, seconds: float) -> None:
     from rich.table import Table
 
-    from eyas.bench.report import rows
+    from eyas.bench.report import rows, speedup_text
 
     table = Table(title=f"eyas demo — done in {seconds / 60:.1f} min")
     for column in ("dataset", "mode", "τ", "tok/s spec / plain", "speedup", "greedy == plain"):
         table.add_column(column)
     for r in rows(bench):
         table.add_row(r["dataset"], r["mode"], f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f} / {r['plain_tokens_per_second']:.1f}",
-                      f"{r['speedup']:.2f}×", f"{r['matches_plain']}/{r['prompts']}")
+                      speedup_text(r), f"{r['matches_plain']}/{r['prompts']}")
     console.print(table)
     if trained is not None and trained.initial_eval and trained.final_eval:  # a rerun resumes a finished run: no evals
         console.print(f"training: holdout step-0 acceptance {trained.initial_eval['acceptance_cumulative'][0]:.3f} → "

@@ -27,3 +27,5 @@ class BenchOptions(EngineOptions):
                         "repeated ':' groups between: e.g. chain:5,tree:60,7,10", flag="--mode")
     prompts: int | None = option(None, "the first N prompts of each dataset (all if not given)")
     max_prompt_tokens: int = option(1024, "longer prompts are skipped and counted")
+    repeats: int = option(1, "decode each prompt this many times per decoder, taking turns; each prompt's median time "
+                          "counts (steadier speedups on a busy machine)")

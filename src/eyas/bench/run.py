@@ -1,7 +1,9 @@
 """``eyas bench``: τ, acceptance per position and tokens/s, speculative vs plain, in one run.
 
 Every prompt is decoded by the engine without speculation (the baseline) and then with each mode,
-on the same target runner, one after another, so the ratio compares like with like. Rounds are
+on the same target runner, one after another, so the ratio compares like with like; with
+``repeats`` > 1 the decoders take turns that many times and each prompt's median time counts. A
+speedup comes with its spread over prompts: on a shared machine one figure alone can mislead. Rounds are
 pooled over a dataset's prompts (τ = 1 + accepted / rounds, as vLLM reports it). At temperature 0
 each speculative output is also compared with the plain one, token for token: the report says how
 many matched (all of them, or something is broken).
@@ -9,6 +11,7 @@ many matched (all of them, or something is broken).
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -60,6 +63,7 @@ class ModeResult:
     accepted: int = 0
     accepted_per_position: list[float] = field(default_factory=list)
     matches_plain: int | None = None  # greedy only: outputs equal to the baseline's
+    prompt_rates: list[float] = field(default_factory=list)  # each prompt's tokens/s, in prompt order
 
     @property
     def tokens_per_second(self) -> float:
@@ -96,8 +100,9 @@ def timed(device: torch.device, call):
 
 
 def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt], modes: list[Speculation],
-              sampling: Sampling, max_new_tokens: int, stop_ids: set[int], progress=None) -> BenchResult:
-    """Decode every prompt plainly and in every mode; pool per dataset."""
+              sampling: Sampling, max_new_tokens: int, stop_ids: set[int], progress=None,
+              repeats: int = 1) -> BenchResult:
+    """Decode every prompt plainly and in every mode (``repeats`` turns each, median time); pool per dataset."""
     device = target.device
     datasets: dict[str, list[ModeResult]] = {}
     # warm-up: allocator, kernels and lazy initialisation must not land in the first timed prompt
@@ -109,22 +114,28 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
     for prompt in prompts:
         results = datasets.setdefault(prompt.dataset, [ModeResult("plain"), *(ModeResult(m.label()) for m in modes)])
         ids = torch.tensor([prompt.input_ids])
-        plain, seconds = timed(device, lambda ids=ids: generate(target, ids, max_new_tokens, sampling=sampling,
-                                                                 stop_ids=stop_ids))
-        _add(results[0], plain, seconds)
-        for mode, result in zip(modes, results[1:], strict=True):
-            spec, seconds = timed(device, lambda ids=ids, mode=mode: generate(target, ids, max_new_tokens, drafter, mode,
-                                                                                 sampling, stop_ids))
-            _add(result, spec, seconds)
-            if sampling.greedy:
-                result.matches_plain = (result.matches_plain or 0) + (spec.tokens == plain.tokens)
+        decoders = [lambda ids=ids: generate(target, ids, max_new_tokens, sampling=sampling, stop_ids=stop_ids)]
+        decoders += [lambda ids=ids, mode=mode: generate(target, ids, max_new_tokens, drafter, mode, sampling, stop_ids)
+                     for mode in modes]
+        times: list[list[float]] = [[] for _ in decoders]
+        for _ in range(repeats):  # the decoders take turns, so a slow spell of the machine hits each of them
+            outputs = []
+            for decoder, seconds in zip(decoders, times, strict=True):
+                output, took = timed(device, decoder)
+                outputs.append(output)
+                seconds.append(took)
+        plain = outputs[0]  # the last turn's outputs: greedy ones are the same every turn, sampled ones share the seed
+        for result, output, seconds in zip(results, outputs, times, strict=True):
+            _add(result, output, statistics.median(seconds))
+            if result is not results[0] and sampling.greedy:
+                result.matches_plain = (result.matches_plain or 0) + (output.tokens == plain.tokens)
         if progress is not None:
             progress(1)
     for results in datasets.values():
         for result in results[1:]:
             result.accepted_per_position = [x / max(1, result.rounds) for x in result.accepted_per_position]
     settings = {"modes": [m.label() for m in modes], "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "max_new_tokens": max_new_tokens, "device": str(device)}
+                "max_new_tokens": max_new_tokens, "device": str(device), "repeats": repeats}
     return BenchResult(datasets=datasets, settings=settings)
 
 
@@ -132,6 +143,7 @@ def _add(result: ModeResult, generation: Generation, seconds: float) -> None:
     result.prompts += 1
     result.new_tokens += len(generation.tokens)
     result.seconds += seconds
+    result.prompt_rates.append(len(generation.tokens) / seconds if seconds else 0.0)
     result.rounds += generation.rounds
     result.accepted += sum(generation.accepted)
     depth = generation.max_depth

@@ -33,7 +33,7 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     sampling = Sampling(temperature=options.temperature, top_p=options.top_p, seed=options.seed)
     with progress_bar("bench", len(chosen), unit="prompt") as bar:
         result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, sampling, options.max_new_tokens,
-                           engine.stop_ids, progress=bar if show_progress else None)
+                           engine.stop_ids, progress=bar if show_progress else None, repeats=options.repeats)
     header = {"target": options.target, "draft": str(options.draft), "datasets": ",".join(options.datasets),
               "dropped_prompts": dropped}
     clear_manifest(options.out)  # until the new report is complete, nothing claims REPORT_DIR is finished
