@@ -18,7 +18,8 @@ class TrainOptions:
     data: Path | None = option(None, "DATA_DIR from eyas prepare (with --online)")
     online: bool = option(False, "run the target in this process: nothing is written to disk "
                           "(the default when --data is given without --features)")
-    resume: bool = option(False, "continue RUN_DIR from its latest checkpoint")
+    resume: bool = option(False, "continue RUN_DIR from its latest checkpoint (only the step limit, checkpoint cadence, "
+                          "--fsdp and --trust-remote-code may differ from the run's)")
     ttt_steps: int = option(7, "training-time-test steps K")
     step_decay: float = option(0.8, "weight of step k's loss is decay^k")
     lr: float = option(1e-4, "peak learning rate (AdamW)")

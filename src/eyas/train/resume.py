@@ -38,8 +38,9 @@ def run_options(record: dict) -> dict:
 
 def data_input(options: TrainOptions) -> dict:
     """What the run trains from, as a manifest input: DATA_DIR (online) or FEATURES_DIR, with its manifest's SHA-256."""
-    online = trains_online(options.online, options.features, options.data)
-    return input_record("data", options.data) if online else input_record("features", options.features)
+    role = "data" if trains_online(options.online, options.features, options.data) else "features"
+    path = getattr(options, role)
+    return input_record(role, path) if path is not None else {"role": role, "path": None, "sha256": None}
 
 
 def resume_changes(record: dict, options: TrainOptions, step: int, out: Path) -> dict:
@@ -102,7 +103,7 @@ def _data_change(old: dict, new: dict, out: Path) -> dict:
             return {} if old["path"] == new["path"] else {old["role"]: {"from": old["path"], "to": new["path"]}}
     in_place = old["role"] == new["role"] and old["path"] == new["path"]
     how = " (its manifest.json differs from the one the run read)" if in_place else ""
-    raise EyasError(f"{out} was trained from --{old['role']} {old['path']}; this resume gives --{new['role']} {new['path']}"
+    raise EyasError(f"{out} was trained from --{old['role']} {old['path']}; this resume gives --{new['role']} {_shown(new['path'])}"
                     f"{how}, but a resume must read the same data: resume with the run's data, or train into a new --out")
 
 

@@ -30,7 +30,7 @@ from eyas.progress import progress_bar
 from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from eyas.train.data import OfflineSource, OnlineSource, batches_forever
 from eyas.train.evaluate import evaluate
-from eyas.train.options import TrainOptions
+from eyas.train.options import TrainOptions, trains_online
 from eyas.train.resume import data_input, new_record, read_run_record, resume_changes, resumed_record
 from eyas.train.run_dir import finish_run_dir, start_run_dir
 
@@ -253,7 +253,7 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
 
     dtype = torch.float32  # master weights and batch states; autocast handles bf16 on GPU
     config, target_source = load_target_config(options.target, options.trust_remote_code)
-    if options.online or (options.features is None and options.data is not None):  # online: the default without a store
+    if trains_online(options.online, options.features, options.data):
         if options.data is None:
             raise EyasError("--online trains from DATA_DIR: give --data DATA_DIR")
         from eyas.target import load_target
