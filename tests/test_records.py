@@ -91,8 +91,10 @@ def test_a_resume_that_changes_what_the_run_is_is_refused_with_the_option_and_bo
                            ("seed", "1", "0"), ("eval_batches", "2", "1"), ("weight_decay", "0.1", "0.0")]:
         flag = "--" + name.replace("_", "-")
         line = refused(train_args(target, run, *data, **{name: new}), run)
-        assert str(run) in line and f"trained with {flag} {old}; this resume gives {new}" in line, line
+        assert str(run) in line and f"trained with {flag} {old}; this resume gives {flag} {new}" in line, line
         assert "--max-steps" in line and "new --out" in line, line
+    line = refused(train_args(target, run, *data, layer_ids="1,3,5"), run)
+    assert "trained without --layer-ids; this resume gives --layer-ids 1,3,5" in line and "resume without --layer-ids" in line
     line = refused(train_args(target, run, *data, max_steps="3"), run)  # below the step the run is at
     assert "is at step 4, past the 3 steps" in line and "--max-steps 4" in line, line
 
@@ -135,7 +137,7 @@ def test_a_rerun_of_eyas_run_resumes_without_a_new_record_and_refuses_a_changed_
     assert snapshot(workdir / "run")[Path("train_options.json")] == record  # a finished run run again records nothing
     assert read_json(workdir / "run" / "report.json")["tokens"] == report["tokens"]
     line = refused(["run", str(config), "--set", "train.lr=0.01"], workdir / "run")
-    assert "trained with --lr 0.001; this resume gives 0.01" in line and "train.lr" in line, line
+    assert "trained with --lr 0.001; this resume gives --lr 0.01" in line and "train.lr" in line, line
 
 
 def commands(card: str) -> list[list[str]]:

@@ -112,9 +112,9 @@ def _refusal(out: Path, name: str, old, new) -> str:
 
     flags = {f.name: field_flag(f).split("/")[0] for f in dataclasses.fields(TrainOptions)}
     allowed = ", ".join(flags[n] for n in sorted(RESUMABLE - {"out"}))
-    return (f"{out} was trained with {flags[name]} {_shown(old)}; this resume gives {_shown(new)}, but a resume may "
-            f"change only {allowed}: resume with {flags[name]} {_shown(old)} (train.{name} in a run config), "
-            "or train into a new --out")
+    given = f"without {flags[name]}" if old is None else f"with {flags[name]} {_shown(old)}"
+    return (f"{out} was trained {given}; this resume gives {flags[name]} {_shown(new)}, but a resume may change only "
+            f"{allowed}: resume {given} (train.{name} in a run config), or train into a new --out")
 
 
 def _shown(value) -> str:
