@@ -167,6 +167,11 @@ def test_the_model_card_gives_the_true_totals_and_serve_commands_that_run_as_wri
     assert options["--speculative-draft-model-path"] == speculative["model"]
     assert set(options) == {"--model-path", "--speculative-algorithm", "--speculative-draft-model-path",
                             "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"}
+    speculators = CliRunner().invoke(app, ["export", str(root / "resumed"), "--out", str(tmp_path / "spec"), "--format",
+                                           "speculators"])
+    assert speculators.exit_code == 0, speculators.output
+    verifier = read_json(tmp_path / "spec" / "config.json")["speculators_config"]["verifier"]["name_or_path"]
+    assert verifier == vllm[2]  # `vllm serve DRAFT_DIR` loads the verifier from there
 
 
 def test_the_served_target_is_a_hub_id_an_absolute_directory_or_a_placeholder_that_says_so(runs, tmp_path, monkeypatch):
