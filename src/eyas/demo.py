@@ -118,7 +118,7 @@ def _closing_table(console: Console, config: RunConfig, trained, bench, seconds:
         table.add_row(r["dataset"], r["mode"], f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f} / {r['plain_tokens_per_second']:.1f}",
                       speedup_text(r), f"{r['matches_plain']}/{r['prompts']}")
     console.print(table)
-    if trained is not None and trained.initial_eval and trained.final_eval:  # a rerun resumes a finished run: no evals
+    if trained is not None and trained.initial_eval and trained.final_eval:  # none without a holdout
         console.print(f"training: holdout step-0 acceptance {trained.initial_eval['acceptance_cumulative'][0]:.3f} → "
                       f"{trained.final_eval['acceptance_cumulative'][0]:.3f} in {trained.seconds:.0f} s", soft_wrap=True)
     for what, stage in (("DATA_DIR", "prepare"), ("FEATURES_DIR", "capture"), ("RUN_DIR", "train"), ("DRAFT_DIR", "export"),

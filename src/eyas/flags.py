@@ -92,7 +92,7 @@ def _parameter(f: dataclasses.Field, hint: Any, loose: bool) -> Any:
     """The ``typer.Option`` (or ``typer.Argument``) for one field."""
     meta = f.metadata
     inner, _ = _optional(hint)
-    parse = _tuple_parser(inner, meta.get("flag") or _flag(f.name)) if typing.get_origin(inner) is tuple else None
+    parse = _tuple_parser(inner, field_flag(f)) if typing.get_origin(inner) is tuple else None
     factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
     default: Any = ... if f.default is dataclasses.MISSING else f.default
     if default is ... and loose and factory is None:
@@ -101,12 +101,13 @@ def _parameter(f: dataclasses.Field, hint: Any, loose: bool) -> Any:
         default = ",".join(str(item) for item in default)  # shown and parsed like a typed value
     if meta.get("positional"):
         return typer.Argument(default, help=meta.get("help") or None)
-    return typer.Option(default, meta.get("flag") or _flag(f.name), help=meta.get("help") or None, callback=parse,
+    return typer.Option(default, field_flag(f), help=meta.get("help") or None, callback=parse,
                         default_factory=factory, show_default=factory is None)  # a computed default: the help says it
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def field_flag(f: dataclasses.Field) -> str:
+    """A field's flag: its ``option(flag=...)`` (a bool pair ``--x/--no-x``), else ``--name`` with dashes."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
 def _tuple_parser(kind: Any, flag: str) -> Callable:

@@ -2,44 +2,83 @@
 
 from __future__ import annotations
 
+import json
+import shlex
+from pathlib import Path
 
-def model_card(config: dict, train_options: dict, report: dict, name: str) -> str:
-    """Markdown: target, data, training, measured acceptance, and the serving command lines."""
-    target = train_options.get("target", "?")
+from eyas.train.options import trains_online
+
+
+def serve_target(facts: dict) -> tuple[str, str | None]:
+    """The target as a serving engine must be given it, and a note when it is not the spec: a hub id as is, a local HF
+    directory by its absolute path, a GGUF (or ``demo``) by the HF directory eyas converted it into; a placeholder
+    ``<...>`` when that directory is gone."""
+    spec = facts["spec"]
+    source = facts.get("source") or spec
+    converted = spec == "demo" or spec.endswith(".gguf")
+    local = Path(source).expanduser()
+    if (local / "config.json").is_file():
+        note = f"`{spec}` is served as the HF directory eyas converted it into" if converted else None
+        return str(local.resolve()), note
+    if not converted and source == spec and not local.is_absolute():  # resolve_target leaves only hub ids as given
+        return spec, None
+    if converted:
+        return (f"<HF directory converted from {spec}>", f"eyas converted `{spec}` into `{source}`, which is gone: any eyas "
+                f"command that loads `{spec}` converts it again (into the eyas cache); put that directory in its place")
+    return f"<HF directory of {spec}>", f"the target directory `{source}` is gone: put where it now lies in its place"
+
+
+def model_card(config: dict, train_options: dict, report: dict, target: dict, draft_dir: Path) -> str:
+    """Markdown: target, data, training, measured acceptance before and after training, and serving commands that run
+    as written (the target as the engine loads it, the drafter's absolute path)."""
+    spec = train_options.get("target", "?")
+    online = trains_online(train_options.get("online"), train_options.get("features"), train_options.get("data"))
     data = train_options.get("features") or train_options.get("data") or "?"
-    final = report.get("final_eval") or {}
-    acceptance = ", ".join(f"{a:.3f}" for a in final.get("acceptance_cumulative", [])) or "not evaluated"
-    tau = f"{final['tau']:.2f}" if "tau" in final else "not evaluated"
-    start = f"{final['tau_answer_start']:.2f}" if "tau_answer_start" in final else "not evaluated"
+    first, final = report.get("initial_eval") or {}, report.get("final_eval") or {}
     ids = config.get("eagle_aux_hidden_state_layer_ids") or "engine defaults (2, N//2, N-3)"
-    return f"""# {name}: EAGLE-3 drafter for {target}
+    engine_target, note = serve_target(target)
+    note = f"\n\n{note[0].upper()}{note[1:]}." if note else ""
+    draft = str(Path(draft_dir).resolve())
+    remote = " --trust-remote-code" if train_options.get("trust_remote_code") else ""
+    speculative = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": 5})
+    return f"""# {Path(draft_dir).name}: EAGLE-3 drafter for {spec}
 
-Trained with [eyas](https://pypi.org/project/eyas/) (training-time test, {train_options.get('ttt_steps', '?')} steps).
+Trained with eyas (training-time test, {train_options.get('ttt_steps', '?')} steps).
 
 | | |
 | --- | --- |
-| target | `{target}` |
-| training data | `{data}` ({'online' if train_options.get('online') else 'offline features'}) |
+| target | `{spec}` |
+| training data | `{data}` ({'online' if online else 'offline features'}) |
 | steps / tokens | {report.get('steps', '?')} / {report.get('tokens', '?')} |
 | drafter | 1 Llama layer, hidden {config['hidden_size']}, draft vocabulary {config['draft_vocab_size']} of {config['vocab_size']} |
 | target layers tapped | {ids} (input of those decoder layers) |
-| holdout acceptance (cumulative, per draft position) | {acceptance} |
-| simulated τ (greedy chain) | {tau} |
-| simulated τ over the first 128 tokens of first answers | {start} |
+| holdout acceptance (cumulative, per draft position) | {_acceptance(final)} (before training: {_acceptance(first)}) |
+| simulated τ (greedy chain) | {_tau(final, 'tau')} (before training: {_tau(first, 'tau')}) |
+| simulated τ over the first 128 tokens of first answers | {_tau(final, 'tau_answer_start')} (before: {_tau(first, 'tau_answer_start')}) |
 
 ## Serve it
+
+The paths are where `eyas export` found the target and wrote this drafter; change them if either moves.{note}
 
 vLLM:
 
 ```bash
-vllm serve {target} --speculative-config '{{"method": "eagle3", "model": "{name}", "num_speculative_tokens": 5}}'
+vllm serve {shlex.quote(engine_target)}{remote} --speculative-config {shlex.quote(speculative)}
 ```
 
 SGLang:
 
 ```bash
-python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 \\
-    --speculative-draft-model-path {name} --speculative-num-steps 5 --speculative-eagle-topk 8 \\
+python -m sglang.launch_server --model-path {shlex.quote(engine_target)}{remote} --speculative-algorithm EAGLE3 \\
+    --speculative-draft-model-path {shlex.quote(draft)} --speculative-num-steps 5 --speculative-eagle-topk 8 \\
     --speculative-num-draft-tokens 32
 ```
 """
+
+
+def _acceptance(evaluation: dict) -> str:
+    return ", ".join(f"{a:.3f}" for a in evaluation.get("acceptance_cumulative", [])) or "not evaluated"
+
+
+def _tau(evaluation: dict, key: str) -> str:
+    return f"{evaluation[key]:.2f}" if key in evaluation else "not evaluated"

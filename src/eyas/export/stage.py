@@ -28,12 +28,13 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
     from safetensors.torch import load_file
 
     from eyas.drafter.config import DrafterConfig
-    from eyas.export.card import model_card
+    from eyas.export.card import model_card, serve_target
     from eyas.export.eagle3 import TORCH_DTYPES, draft_config, draft_tensors
     from eyas.export.files import DRAFT_FILES, write_draft_dir
     from eyas.export.speculators import speculators_config
     from eyas.manifest import input_record, write_manifest
     from eyas.target.facts import target_input
+    from eyas.train.resume import read_run_record, run_options
 
     run_dir = Path(run_dir)
     final = run_dir / "final"
@@ -44,14 +45,18 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
     if fmt not in ("eagle3", "speculators"):
         raise EyasError(f"--format must be eagle3 or speculators, not {fmt!r}")
     drafter = DrafterConfig.from_dict(json.loads((final / "drafter_config.json").read_text()))
-    options = json.loads((run_dir / "train_options.json").read_text())
+    recorded = read_run_record(run_dir)
+    if recorded is None:
+        raise EyasError(f"{run_dir}/train_options.json is missing: RUN_DIR is incomplete; train it again into a new --out")
+    options = run_options(recorded)
     target = _target_facts(run_dir, options)
     config = draft_config(drafter, target["model_type"], target["num_layers"], dtype)
     tensors = draft_tensors(load_file(str(final / "model.safetensors")), config, dtype)
     report = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").is_file() else {}
-    card = model_card(config, options, report, Path(out).name)
-    if fmt == "speculators":
-        config = speculators_config(config, str(options["target"]))
+    card = model_card(config, options, report, target, Path(out))
+    if fmt == "speculators":  # the verifier as vLLM loads it (a placeholder would not load: then the spec, as recorded)
+        engine_target, _ = serve_target(target)
+        config = speculators_config(config, options["target"] if engine_target.startswith("<") else engine_target)
     stage = ExportOptions(run_dir=run_dir, out=Path(out), format=fmt, dtype=dtype)
     inputs = [input_record("run", run_dir), target_input(target)]
     return write_draft_dir(out, config, tensors, card,

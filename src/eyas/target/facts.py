@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 from eyas.manifest import input_record
 from eyas.target.layout import text_config
 
 
 def target_facts(spec: str, config, source: str | None = None) -> dict:
-    """The spec, where it resolved, the config's SHA-256 and architecture, and the text config's model type, layer count,
-    hidden and vocabulary sizes (``num_layers`` is the text config's ``num_hidden_layers``)."""
+    """The spec, where it resolved (a local directory by its absolute path), the config's SHA-256 and architecture, and
+    the text config's model type, layer count, hidden and vocabulary sizes (``num_layers``: its ``num_hidden_layers``)."""
     text = text_config(config)
     return {
         "spec": spec,
-        "source": None if source is None else str(source),
+        "source": None if source is None else str(Path(source).resolve() if Path(source).is_dir() else source),
         "config_sha256": hashlib.sha256(config.to_json_string().encode()).hexdigest(),
         "architecture": (getattr(config, "architectures", None) or ["?"])[0],
         "model_type": text.model_type,

@@ -18,7 +18,8 @@ class TrainOptions:
     data: Path | None = option(None, "DATA_DIR from eyas prepare (with --online)")
     online: bool = option(False, "run the target in this process: nothing is written to disk "
                           "(the default when --data is given without --features)")
-    resume: bool = option(False, "continue RUN_DIR from its latest checkpoint")
+    resume: bool = option(False, "continue RUN_DIR from its latest checkpoint (only the step limit, checkpoint cadence, "
+                          "--fsdp and --trust-remote-code may differ from the run's)")
     ttt_steps: int = option(7, "training-time-test steps K")
     step_decay: float = option(0.8, "weight of step k's loss is decay^k")
     lr: float = option(1e-4, "peak learning rate (AdamW)")
@@ -38,3 +39,17 @@ class TrainOptions:
     hidden_size: int | None = option(None, "drafter width (default: the target's)")
     layer_ids: tuple[int, ...] | None = option(None, "online only: eyas layer ids (default 2, N//2, N-3)")
     trust_remote_code: bool = remote_code()
+
+
+# What `--resume` may change: when the run ends (the step limit; the learning-rate schedule then stretches to the new
+# total), how often it checkpoints and how many it keeps, how it is distributed and what code it may run, and where
+# RUN_DIR now lies. Any other change (lr, TTT steps, batching, seed, eval size, drafter shape, layer ids, the target)
+# would make RUN_DIR describe a run that never happened: it is refused. The data (--features / --data / --online) is
+# compared by content, not by path: a moved DATA_DIR or FEATURES_DIR resumes.
+RESUMABLE = frozenset({"out", "max_steps", "epochs", "checkpoint_every", "keep", "fsdp", "trust_remote_code"})
+DATA_OPTIONS = ("features", "data", "online")
+
+
+def trains_online(online: bool, features, data) -> bool:
+    """Whether a run trains online (the target in the loop): asked for, or --data given without --features."""
+    return bool(online or (features is None and data is not None))

@@ -1,6 +1,7 @@
 """RUN_DIR's files besides checkpoints and metrics: how the run was asked for, what export needs, what it ended with.
 
-Written when a run starts (or resumes): ``train_options.json``, ``drafter_config.json`` and ``target.json`` — the
+Written when a run starts (or resumes): ``train_options.json`` (the options it started with and each segment's changes:
+:mod:`eyas.train.resume`), ``drafter_config.json`` and ``target.json`` — the
 target facts (:func:`eyas.target.facts.target_facts`: spec, config SHA-256, architecture, text model type, layer
 count, hidden and vocabulary sizes) and the layer ids, so that ``eyas export`` never loads the target. Written when
 it finishes: ``final/`` (``model.safetensors`` + ``drafter_config.json``), ``report.json``, then ``manifest.json``
@@ -13,19 +14,20 @@ import json
 from pathlib import Path
 
 from eyas.io import write_json_atomic
-from eyas.manifest import clear_manifest, jsonable, write_manifest
+from eyas.manifest import clear_manifest, write_manifest
 
 TARGET_FILE = "target.json"
-STARTED_FILES = ("train_options.json", "drafter_config.json", TARGET_FILE)
+OPTIONS_FILE = "train_options.json"
+STARTED_FILES = (OPTIONS_FILE, "drafter_config.json", TARGET_FILE)
 FINISHED_FILES = ("final/model.safetensors", "final/drafter_config.json", "report.json", "metrics.jsonl")
 
 
-def start_run_dir(out: Path, options, drafter_config: dict, target: dict) -> None:
-    """Write what a starting (or resuming) run is: its options, drafter config and target facts; until it finishes,
-    no manifest claims the run is done."""
+def start_run_dir(out: Path, record: dict, drafter_config: dict, target: dict) -> None:
+    """Write what a starting (or resuming) run is: its record (train_options.json), drafter config and target facts;
+    until it finishes, no manifest claims the run is done."""
     out = Path(out)
     clear_manifest(out)
-    write_json_atomic(out / "train_options.json", jsonable(options))
+    write_json_atomic(out / OPTIONS_FILE, record)
     write_json_atomic(out / "drafter_config.json", drafter_config)
     write_json_atomic(out / TARGET_FILE, target)
 

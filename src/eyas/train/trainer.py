@@ -30,18 +30,19 @@ from eyas.progress import progress_bar
 from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from eyas.train.data import OfflineSource, OnlineSource, batches_forever
 from eyas.train.evaluate import evaluate
-from eyas.train.options import TrainOptions
+from eyas.train.options import TrainOptions, trains_online
+from eyas.train.resume import data_input, new_record, read_run_record, resume_changes, resumed_record
 from eyas.train.run_dir import finish_run_dir, start_run_dir
 
 
 @dataclass
 class TrainReport:
-    """What a run ended with."""
+    """What a run ended with: steps, tokens and seconds over all its segments (a resumed run counts those before it)."""
 
     steps: int = 0
     tokens: int = 0
     seconds: float = 0.0
-    resumed_from: int | None = None
+    resumed_from: int | None = None  # the step this segment resumed from
     stopped_by: str | None = None  # the signal that ended the run early, after a checkpoint ("SIGTERM")
     exit_code: int = 0  # for the command line: 128 + that signal's number
     final_eval: dict = field(default_factory=dict)
@@ -55,6 +56,13 @@ def train(options: TrainOptions) -> TrainReport:
     lead = rank == 0  # rank 0 evaluates, logs and writes checkpoints
     autocast = training_autocast(device)
     out = Path(options.out)
+    # 1. a resume is judged against the run's record before the target is loaded or anything is written
+    latest = latest_checkpoint(out)
+    if latest is not None and not options.resume:
+        raise EyasError(f"{out} already holds a run (checkpoint {latest.name}); pass --resume to continue it, or use another --out")
+    at = json.loads((latest / "state.json").read_text())["step"] if latest is not None else 0
+    recorded = read_run_record(out) if latest is not None else None
+    changes = resume_changes(recorded, options, at, out) if recorded is not None else {}
     setup = setup_training(options, device)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
     sharded = options.fsdp and world > 1
@@ -63,6 +71,10 @@ def train(options: TrainOptions) -> TrainReport:
     micro_per_epoch = len(source.batches)
     per_step = options.grad_accum * world  # micro-batches per optimizer step, over all ranks
     total_steps = options.max_steps or max(1, math.ceil(options.epochs * micro_per_epoch / per_step))
+    if at > total_steps:
+        raise EyasError(f"{out} is at step {at}, past the {total_steps} steps --max-steps/--epochs now give: give at least "
+                        f"--max-steps {at}, or train into a new --out")
+    run_record = new_record(options) if recorded is None else resumed_record(recorded, options, at, changes, at < total_steps)
     optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas,
                                   weight_decay=options.weight_decay)
     warmup = max(1, round(options.warmup_ratio * total_steps))
@@ -72,9 +84,7 @@ def train(options: TrainOptions) -> TrainReport:
     report = TrainReport()
     step, epoch, index = 0, 0, 0
     record: dict = {}  # the last step's metrics (a resumed run starts from its checkpoint's)
-    latest = latest_checkpoint(out)
-    if latest is not None and not options.resume:
-        raise EyasError(f"{out} already holds a run (checkpoint {latest.name}); pass --resume to continue it, or use another --out")
+    state: dict = {}
     if latest is not None:
         state = load_checkpoint(latest, drafter, optimizer, scheduler)
         step, epoch, index = state["step"], state["position"]["epoch"], state["position"]["index"]
@@ -83,14 +93,21 @@ def train(options: TrainOptions) -> TrainReport:
     barrier()  # every rank has read the checkpoint before rank 0 may write a new one
     if lead:
         out.mkdir(parents=True, exist_ok=True)
-        start_run_dir(out, options, drafter.config.to_dict(), setup["target"])
-    metrics = _Metrics(out, keep_up_to=step) if lead else None
+        start_run_dir(out, run_record, drafter.config.to_dict(), setup["target"])
+    metrics = _Metrics(out, keep_up_to=step if latest is not None else -1) if lead else None
+    if latest is not None:  # 2. the totals of the segments before this one (from the run's log if the checkpoint is older)
+        logged = metrics.lines if metrics else []
+        report.tokens = state.get("tokens", sum(line.get("tokens", 0) for line in logged))
+        report.seconds = state.get("seconds", 0.0)
+        report.initial_eval = state.get("initial_eval", next((line["eval"] for line in logged if line["step"] == 0
+                                                              and "eval" in line), {}))
+    earlier_seconds = report.seconds
     if step == 0 and holdout is not None and (lead or sharded):  # a sharded drafter evaluates on every rank
         report.initial_eval = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches, autocast)
         if lead:
             metrics.write({"step": 0, "eval": report.initial_eval})
 
-    started = time.perf_counter()
+    started, segment_tokens = time.perf_counter(), 0
     drafter.train()
     stream = batches_forever(source, options.seed, epoch, index)
     bar_name = "train" if world == 1 else f"train (rank {rank}/{world})"
@@ -133,11 +150,12 @@ def train(options: TrainOptions) -> TrainReport:
             optimizer.zero_grad(set_to_none=True)
             step += 1
             report.tokens += tokens
+            segment_tokens += tokens
             accuracy = (correct / counted.clamp(min=1)).tolist()
             record = {"step": step, "epoch": epoch, "loss": float((losses * torch.tensor(weights)).sum()),
                       "step_loss": losses.tolist(), "accuracy": accuracy, "lr": scheduler.get_last_lr()[0],
                       "grad_norm": float(grad_norm), "tokens": tokens,
-                      "tokens_per_s": report.tokens / max(time.perf_counter() - started, 1e-9)}
+                      "tokens_per_s": segment_tokens / max(time.perf_counter() - started, 1e-9)}
             stopping = stop.agreed() and step < total_steps  # every rank stops after the same step
             checkpoint = step % options.checkpoint_every == 0 or step == total_steps or stopping
             if checkpoint and not stopping and holdout is not None and (lead or sharded):
@@ -146,8 +164,11 @@ def train(options: TrainOptions) -> TrainReport:
             if lead:
                 metrics.write(record)  # before the checkpoint: a resume drops lines newer than its checkpoint
             if checkpoint:
+                totals = {"tokens": report.tokens, "seconds": earlier_seconds + time.perf_counter() - started,
+                          "initial_eval": report.initial_eval}  # what a resume must not count from zero
                 save_checkpoint(out, step, drafter, optimizer, scheduler, {"epoch": epoch, "index": index + 1},
-                                {"drafter_config": drafter.config.to_dict(), "record": record}, options.keep, write=lead)
+                                {"drafter_config": drafter.config.to_dict(), "record": record, **totals}, options.keep,
+                                write=lead)
                 barrier()
             bar(1)
             bar.note(f"loss {record['loss']:.3f} acc₀ {accuracy[0]:.3f} {record['tokens_per_s']:,.0f} tok/s")
@@ -155,7 +176,7 @@ def train(options: TrainOptions) -> TrainReport:
                 report.stopped_by, report.exit_code = stop.signal_name, stop.exit_code
                 break
     report.steps = step
-    report.seconds = time.perf_counter() - started
+    report.seconds = earlier_seconds + time.perf_counter() - started
     if report.stopped_by:  # checkpointed, not finished: no final weights, no report.json; --resume continues
         if lead:
             metrics.close()
@@ -226,14 +247,13 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
     """Data sources, teacher (target lm_head rows), draft vocabulary, the drafter, and what RUN_DIR records: the target
     facts (with the layer ids) and the inputs."""
     from eyas.data.vocab import VOCAB_FILE, load_vocab
-    from eyas.manifest import input_record
     from eyas.target.facts import target_facts, target_input
     from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
     from eyas.target.loading import load_target_config
 
     dtype = torch.float32  # master weights and batch states; autocast handles bf16 on GPU
     config, target_source = load_target_config(options.target, options.trust_remote_code)
-    if options.online or (options.features is None and options.data is not None):  # online: the default without a store
+    if trains_online(options.online, options.features, options.data):
         if options.data is None:
             raise EyasError("--online trains from DATA_DIR: give --data DATA_DIR")
         from eyas.target import load_target
@@ -246,7 +266,7 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
             if (data_dir / "holdout.parquet").is_file() else None
         head = target.layout.lm_head.weight.detach()
         embed = target.layout.embed.weight.detach()
-        vocab_path, data_input = data_dir / VOCAB_FILE, input_record("data", options.data)
+        vocab_path = data_dir / VOCAB_FILE
     else:
         if options.features is None:
             raise EyasError("give --features FEATURES_DIR (offline) or --data DATA_DIR --online")
@@ -255,7 +275,7 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
 
         store = FeatureStore(options.features, "train")
         layer_ids = tuple(store.manifest.layer_ids)
-        vocab_path, data_input = store.vocab_path(), input_record("features", options.features)
+        vocab_path = store.vocab_path()
         source = OfflineSource(options.features, "train", options.token_budget, device, dtype)
         holdout = OfflineSource(options.features, "holdout", options.token_budget, device, dtype) \
             if "holdout" in store.manifest.options["splits"] else None
@@ -271,7 +291,7 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
     facts = target_facts(options.target, config, target_source)
     return {"drafter": drafter, "source": source, "holdout": holdout, "head": head.to(device, torch.float32),
             "draft_ids": draft_ids, "target": {**facts, "layer_ids": list(layer_ids)},
-            "inputs": [data_input, target_input(facts)]}
+            "inputs": [data_input(options), target_input(facts)]}
 
 
 def _new_drafter(config: DrafterConfig, d2t, head, embed, draft_ids, seed: int) -> Eagle3Drafter:
@@ -298,10 +318,11 @@ class _Metrics:
 
     def __init__(self, out: Path, keep_up_to: int):
         path = out / "metrics.jsonl"
-        if path.is_file():  # a resumed run: drop what the killed run logged after its last checkpoint
-            lines = [line for line in path.read_text(encoding="utf-8").splitlines()
-                     if line.strip() and json.loads(line)["step"] <= keep_up_to]
-            path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        self.lines: list[dict] = []  # what earlier segments logged, up to the checkpoint this one resumes from
+        if path.is_file():  # drop what a killed run logged after its last checkpoint (all of it when it left none)
+            self.lines = [record for record in map(json.loads, filter(str.strip, path.read_text(encoding="utf-8").splitlines()))
+                          if record["step"] <= keep_up_to]
+            path.write_text("".join(json.dumps(record) + "\n" for record in self.lines), encoding="utf-8")
         self.file = open(path, "a", encoding="utf-8")
         try:
             from torch.utils.tensorboard import SummaryWriter

@@ -1,0 +1,126 @@
+"""RUN_DIR's record of what the run is (``train_options.json``) and what ``--resume`` may change in it.
+
+``train_options.json`` holds the options the run started with, never rewritten, and ``segments``: the step each part
+of the run began at (0, then every resume that trains or changes something), the data it read (role, path and the
+SHA-256 of the directory's manifest: :func:`eyas.manifest.input_record`) and what it changed (``{option: {"from": ...,
+"to": ...}}``). A resume may change only :data:`eyas.train.options.RESUMABLE` and the data's path (when its content is
+the same); anything else is refused before the target is loaded or anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from eyas.errors import EyasError
+from eyas.manifest import input_record, jsonable
+from eyas.train.options import DATA_OPTIONS, RESUMABLE, TrainOptions, trains_online
+from eyas.train.run_dir import OPTIONS_FILE
+
+SEGMENTS = "segments"
+NOT_COMPARED = ("resume",)  # how this command was invoked, not what the run is
+
+
+def read_run_record(run_dir: Path) -> dict | None:
+    """``RUN_DIR/train_options.json``, or None when the run has none yet."""
+    path = Path(run_dir) / OPTIONS_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def run_options(record: dict) -> dict:
+    """The options in effect after the record's last segment: those the run started with, then each resume's changes."""
+    current = {name: value for name, value in record.items() if name != SEGMENTS}
+    for segment in record.get(SEGMENTS, []):
+        current.update({name: change["to"] for name, change in segment.get("changed", {}).items()})
+    return current
+
+
+def data_input(options: TrainOptions) -> dict:
+    """What the run trains from, as a manifest input: DATA_DIR (online) or FEATURES_DIR, with its manifest's SHA-256."""
+    role = "data" if trains_online(options.online, options.features, options.data) else "features"
+    path = getattr(options, role)
+    return input_record(role, path) if path is not None else {"role": role, "path": None, "sha256": None}
+
+
+def resume_changes(record: dict, options: TrainOptions, step: int, out: Path) -> dict:
+    """What resuming the recorded run from checkpoint ``step`` with ``options`` changes (``{option: {"from", "to"}}``);
+    a change :data:`RESUMABLE` does not allow, or other data, is an EyasError naming the option, both values and what
+    to do."""
+    before, now = run_options(_before(record, step)), jsonable(options)
+    defaults = {f.name: jsonable(f.default) for f in dataclasses.fields(TrainOptions) if f.default is not dataclasses.MISSING}
+    changed = {}
+    for name, value in now.items():
+        if name in NOT_COMPARED or name in DATA_OPTIONS:
+            continue
+        old = before.get(name, defaults.get(name))  # an option newer than the record: the run had its default
+        if old == value:
+            continue
+        if name not in RESUMABLE:
+            raise EyasError(_refusal(out, name, old, value))
+        changed[name] = {"from": old, "to": value}
+    return {**changed, **_data_change(_recorded_data(record, step), data_input(options), out)}
+
+
+def new_record(options: TrainOptions) -> dict:
+    """The record of a run that starts at step 0."""
+    return {**jsonable(options), SEGMENTS: [{"step": 0, "data": data_input(options)}]}
+
+
+def resumed_record(record: dict, options: TrainOptions, step: int, changes: dict, training: bool) -> dict:
+    """``record`` with a segment for the resume from ``step`` when it changes something or trains. A segment that
+    began at or after ``step`` left no checkpoint behind (its run was killed before one): this one replaces it."""
+    base = _before(record, step)
+    if not changes and not training:  # a finished run run again: nothing to record
+        return base
+    return {**base, SEGMENTS: [*base.get(SEGMENTS, []), {"step": step, "data": data_input(options), "changed": changes}]}
+
+
+def _before(record: dict, step: int) -> dict:
+    """``record`` without the segments that began at or after ``step``."""
+    if SEGMENTS not in record:  # recorded before segments existed
+        return record
+    return {**record, SEGMENTS: [segment for segment in record[SEGMENTS] if segment["step"] < step]}
+
+
+def _recorded_data(record: dict, step: int) -> dict:
+    """The data input the run last read before ``step``; for a run recorded before segments existed, what its options
+    name (no SHA-256)."""
+    segments = _before(record, step).get(SEGMENTS, [])
+    if segments:
+        return segments[-1]["data"]
+    options = run_options(record)
+    role = "data" if trains_online(options.get("online"), options.get("features"), options.get("data")) else "features"
+    return {"role": role, "path": options.get(role), "sha256": None}
+
+
+def _data_change(old: dict, new: dict, out: Path) -> dict:
+    """The data's change: none when it is the same data (by its manifest's SHA-256 where both have one, else by path),
+    its new path when the same data moved; other data is refused."""
+    if old["role"] == new["role"]:
+        same = old["sha256"] == new["sha256"] if old["sha256"] and new["sha256"] else old["path"] == new["path"]
+        if same:
+            return {} if old["path"] == new["path"] else {old["role"]: {"from": old["path"], "to": new["path"]}}
+    in_place = old["role"] == new["role"] and old["path"] == new["path"]
+    how = " (its manifest.json differs from the one the run read)" if in_place else ""
+    raise EyasError(f"{out} was trained from --{old['role']} {old['path']}; this resume gives --{new['role']} {_shown(new['path'])}"
+                    f"{how}, but a resume must read the same data: resume with the run's data, or train into a new --out")
+
+
+def _refusal(out: Path, name: str, old, new) -> str:
+    from eyas.flags import field_flag
+
+    flags = {f.name: field_flag(f).split("/")[0] for f in dataclasses.fields(TrainOptions)}
+    allowed = ", ".join(flags[n] for n in sorted(RESUMABLE - {"out"}))
+    given = f"without {flags[name]}" if old is None else f"with {flags[name]} {_shown(old)}"
+    return (f"{out} was trained {given}; this resume gives {flags[name]} {_shown(new)}, but a resume may change only "
+            f"{allowed}: resume {given} (train.{name} in a run config), or train into a new --out")
+
+
+def _shown(value) -> str:
+    """A recorded option value as it is spelled on the command line."""
+    if value is None:
+        return "(not given)"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
