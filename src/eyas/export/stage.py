@@ -43,6 +43,7 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
         raise EyasError(f"--dtype must be bf16, fp16 or fp32, not {dtype!r}")
     if fmt not in ("eagle3", "speculators"):
         raise EyasError(f"--format must be eagle3 or speculators, not {fmt!r}")
+    _verify_run_dir(run_dir)
     drafter = DrafterConfig.from_dict(json.loads((final / "drafter_config.json").read_text()))
     options = json.loads((run_dir / "train_options.json").read_text())
     target = _target_facts(run_dir, options)
@@ -56,6 +57,21 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
     inputs = [input_record("run", run_dir), target_input(target)]
     return write_draft_dir(out, config, tensors, card,
                            then=lambda tmp: write_manifest(tmp, "export", stage, inputs, DRAFT_FILES, target=target))
+
+
+def _verify_run_dir(run_dir: Path) -> None:
+    """RUN_DIR's files as its manifest records them (sizes, SHA-256); a run from before runs had manifests: the files
+    export reads present and the weights' safetensors header consistent with their size."""
+    from eyas.export.files import safetensors_header
+    from eyas.manifest import MANIFEST, REMEDIES, verify_stage_dir
+
+    if (run_dir / MANIFEST).is_file():
+        verify_stage_dir(run_dir, "train")
+        return
+    for name in ("final/drafter_config.json", "train_options.json"):
+        if not (run_dir / name).is_file():
+            raise EyasError(f"{run_dir / name} is missing: RUN_DIR is incomplete; {REMEDIES['train']}")
+    safetensors_header(run_dir / "final" / "model.safetensors", REMEDIES["train"])
 
 
 def _target_facts(run_dir: Path, train_options: dict) -> dict:

@@ -233,11 +233,14 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
 
     dtype = torch.float32  # master weights and batch states; autocast handles bf16 on GPU
     config, target_source = load_target_config(options.target, options.trust_remote_code)
+    facts = target_facts(options.target, config, target_source)
     if options.online or (options.features is None and options.data is not None):  # online: the default without a store
         if options.data is None:
             raise EyasError("--online trains from DATA_DIR: give --data DATA_DIR")
+        from eyas.manifest import verify_stage_dir
         from eyas.target import load_target
 
+        verify_stage_dir(options.data, "prepare")
         target = load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
         layer_ids = validate_layer_ids(options.layer_ids or default_layer_ids(target.layout.num_layers), target.layout.num_layers)
         data_dir = Path(options.data)
@@ -251,9 +254,12 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
         if options.features is None:
             raise EyasError("give --features FEATURES_DIR (offline) or --data DATA_DIR --online")
         from eyas.store.reader import FeatureStore
-        from eyas.target.weights import head_and_embedding
+        from eyas.store.verify import verify_for_training
+        from eyas.target.weights import head_and_embedding, weights_sha256
 
         store = FeatureStore(options.features, "train")
+        weights = weights_sha256(options.target, options.trust_remote_code) if options.verify else None
+        verify_for_training(options.features, store.manifest, {**facts, "weights_sha256": weights}, options.verify)
         layer_ids = tuple(store.manifest.layer_ids)
         vocab_path, data_input = store.vocab_path(), input_record("features", options.features)
         source = OfflineSource(options.features, "train", options.token_budget, device, dtype)
@@ -268,7 +274,6 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
     draft_ids = vocab.draft_ids.to(device)
     drafter_config = drafter_config_from_target(config, layer_ids, len(vocab.d2t), options.hidden_size)
     drafter = _new_drafter(drafter_config, vocab.d2t, head, embed, draft_ids, options.seed).to(device)
-    facts = target_facts(options.target, config, target_source)
     return {"drafter": drafter, "source": source, "holdout": holdout, "head": head.to(device, torch.float32),
             "draft_ids": draft_ids, "target": {**facts, "layer_ids": list(layer_ids)},
             "inputs": [data_input, target_input(facts)]}
