@@ -50,13 +50,14 @@ def check_draft_dir(directory: Path, target: TargetSizes | None = None) -> Check
     _check_config(config, result)
     if result.errors:
         return result
-    result.errors.extend(integrity_problems(directory))
+    damaged = integrity_problems(directory)
+    result.errors.extend(damaged)
     result.warnings.extend(_edited_since_export(directory))
     try:
         files = weight_files(directory)
         shapes = read_shapes(directory, normalise=False)
     except EyasError as err:
-        if str(err) not in result.errors:  # a damaged header is reported once
+        if not damaged:  # a damaged file is reported once
             result.errors.append(str(err))
     else:
         if files[0].suffix == ".bin":
@@ -130,9 +131,8 @@ def _check_values(directory: Path, config: dict, result: CheckResult) -> None:
     """Every weight finite (NaN or Inf: a diverged training or flipped bits) and d2t mapping into the vocabulary."""
     try:
         tensors = read_tensors(directory)
-    except EyasError as err:
-        if str(err) not in result.errors:
-            result.errors.append(str(err))
+    except EyasError as err:  # a .bin that is not plain tensors (read_shapes has passed the safetensors headers)
+        result.errors.append(str(err))
         return
     for name, tensor in sorted(tensors.items()):
         if tensor.is_floating_point():

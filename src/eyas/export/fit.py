@@ -47,12 +47,10 @@ def fit_problems(config: dict, target: TargetSizes) -> list[str]:
         problems.append(f"its vocab_size is {vocab}, the target's {target.vocab_size}: their token ids do not match")
     ids = layer_ids_of(config)
     try:
-        if ids is None:
-            default_layer_ids(target.num_layers)  # the engines' defaults for this target
-        else:
-            validate_layer_ids(ids, target.num_layers)
+        validate_layer_ids(default_layer_ids(target.num_layers) if ids is None else ids, target.num_layers)
     except LayerIdError as err:
-        problems.append(str(err))
+        problems.append(f"it names no layer ids, so the engines tap (2, N//2, N-3), which a {target.num_layers}-layer "
+                        "target does not have" if ids is None else f"its {err}")
     return problems
 
 

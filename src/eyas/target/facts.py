@@ -43,8 +43,8 @@ def target_mismatch(recorded: dict, live: dict, identity: bool = True) -> str | 
         return None
     if recorded.get("weights_sha256") and live.get("weights_sha256"):
         if recorded["weights_sha256"] != live["weights_sha256"]:
-            return "same sizes, other weights (its embedding, lm_head or final norm differ)"
+            return "same sizes but other weights: the embedding, lm_head or final norm differ"
         return None
     if recorded.get("config_sha256") and recorded["config_sha256"] != live.get("config_sha256"):
-        return "same sizes, another config.json"
+        return "same sizes but another config.json"
     return None
