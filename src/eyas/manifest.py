@@ -82,12 +82,7 @@ def read_stage_manifest(directory: Path, stage: str) -> dict:
         what = f"{directory} does not exist" if not directory.exists() else f"{path} is missing"
         raise EyasError(f"{what}: not a finished {kind}; give the directory eyas {stage} wrote (or rerun eyas {stage} "
                         "to finish it)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise EyasError(f"{path} is not valid JSON ({err}): the {kind} is damaged; rerun eyas {stage} to rewrite it") from None
-    if not isinstance(manifest, dict):
-        raise EyasError(f"{path} is not an eyas manifest (a JSON object); rerun eyas {stage} to rewrite it")
+    manifest = read_json_object(path, f"the {kind} is damaged; rerun eyas {stage} to rewrite it")
     found = manifest.get("format", FORMATS[stage])
     if found != FORMATS[stage]:
         other = next((s for s, f in FORMATS.items() if f == found), None)
@@ -99,6 +94,17 @@ def read_stage_manifest(directory: Path, stage: str) -> dict:
                             "written by another eyas version; upgrade eyas, or rerun eyas " + stage)
         raise EyasError(f"{path} has format {found!r}: not an eyas {kind}; give the directory eyas {stage} wrote")
     return manifest
+
+
+def read_json_object(path: Path, remedy: str) -> dict:
+    """A JSON file holding an object, or one line naming it, what is wrong (not JSON, not an object) and ``remedy``."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise EyasError(f"{path} is not valid JSON ({err}); {remedy}") from None
+    if not isinstance(value, dict):
+        raise EyasError(f"{path} holds no JSON object; {remedy}")
+    return value
 
 
 def file_problem(path: Path, size: int, sha256: str | None, digest: bool = True) -> str | None:

@@ -8,12 +8,12 @@ taps layers the target has. A drafter made for another target fails here in one 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.errors import EyasError
 from eyas.export.contract import flat_config, layer_ids_of
+from eyas.manifest import read_json_object
 from eyas.target.layer_ids import LayerIdError, default_layer_ids, validate_layer_ids
 
 
@@ -79,10 +79,4 @@ def read_draft_config(directory: Path) -> dict:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise EyasError(f"{path} is missing: a drafter directory holds config.json and model.safetensors")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise EyasError(f"{path} is not valid JSON ({err}); replace it with the drafter's intact config") from None
-    if not isinstance(config, dict):
-        raise EyasError(f"{path} is not a JSON object; replace it with the drafter's intact config")
-    return config
+    return read_json_object(path, "replace it with the drafter's intact config")

@@ -32,7 +32,7 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
     from eyas.export.eagle3 import TORCH_DTYPES, draft_config, draft_tensors
     from eyas.export.files import DRAFT_FILES, write_draft_dir
     from eyas.export.speculators import speculators_config
-    from eyas.manifest import input_record, write_manifest
+    from eyas.manifest import REMEDIES, input_record, read_json_object, write_manifest
     from eyas.target.facts import target_input
 
     run_dir = Path(run_dir)
@@ -44,8 +44,8 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
     if fmt not in ("eagle3", "speculators"):
         raise EyasError(f"--format must be eagle3 or speculators, not {fmt!r}")
     _verify_run_dir(run_dir)
-    drafter = DrafterConfig.from_dict(json.loads((final / "drafter_config.json").read_text()))
-    options = json.loads((run_dir / "train_options.json").read_text())
+    drafter = DrafterConfig.from_dict(read_json_object(final / "drafter_config.json", REMEDIES["train"]))
+    options = read_json_object(run_dir / "train_options.json", REMEDIES["train"])
     target = _target_facts(run_dir, options)
     config = draft_config(drafter, target["model_type"], target["num_layers"], dtype)
     tensors = draft_tensors(load_file(str(final / "model.safetensors")), config, dtype)
