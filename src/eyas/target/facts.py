@@ -36,8 +36,8 @@ def target_mismatch(recorded: dict, live: dict, identity: bool = True) -> str | 
     """How target ``live`` differs from the one ``recorded`` (both target facts), or None when it is that target: sizes
     first; then, with ``identity``, the weights (``weights_sha256``, when both sides have it: equal weights are the same
     target wherever it lies and whichever transformers wrote its config), else the config's SHA-256."""
-    for key in SIZES:
-        if recorded.get(key) is not None and recorded[key] != live.get(key):
+    for key in SIZES:  # a size recorded as 0 or missing is unknown, not different
+        if recorded.get(key) and live.get(key) and recorded[key] != live[key]:
             return f"{key.replace('_', ' ')} {recorded[key]} there, {live.get(key)} here"
     if not identity:
         return None

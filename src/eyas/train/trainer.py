@@ -267,7 +267,8 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
             if "holdout" in store.manifest.options["splits"] else None
         head, embed = head_and_embedding(options.target, options.trust_remote_code)
     if not source.batches:
-        raise EyasError("the training split is empty")
+        raise EyasError(f"{options.features or options.data} has an empty train split: nothing to train on; capture (or "
+                        "prepare) one with the train split")
     if not vocab_path.is_file():
         raise EyasError(f"{vocab_path} is missing: the draft vocabulary comes from eyas prepare's DATA_DIR")
     vocab = load_vocab(vocab_path)
