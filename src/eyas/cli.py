@@ -125,12 +125,11 @@ def generate(o: GenerateOptions) -> None:
     from eyas.data.benchmarks import render
     from eyas.engine.acceptance import Sampling
     from eyas.engine.decode import generate as decode
-    from eyas.engine.loading import load_engine, prompt_tensor
-    from eyas.target.loading import load_target
+    from eyas.engine.loading import load_engine, load_target_for, prompt_tensor
 
     with _user_errors():
         speculation = parse_mode(o.mode)
-        loaded = load_target(o.target, device=o.device, trust_remote_code=o.trust_remote_code)
+        loaded = load_target_for(o.draft, o.target, device=o.device, trust_remote_code=o.trust_remote_code)
         if loaded.tokenizer is None:
             raise EyasError(f"{o.target} has no tokenizer: eyas generate renders PROMPT with the target's chat template")
         ids = render(loaded.tokenizer, o.prompt)

@@ -20,11 +20,21 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from eyas import __version__
+from eyas.errors import EyasError
 from eyas.io import file_sha256, write_json_atomic
 
 MANIFEST = "manifest.json"
 FORMATS = {"prepare": "eyas-data/1", "capture": "eyas-features/1", "train": "eyas-run/1", "export": "eyas-draft/1",
            "bench": "eyas-report/1"}
+DIRECTORIES = {"prepare": "DATA_DIR", "capture": "FEATURES_DIR", "train": "RUN_DIR", "export": "DRAFT_DIR",
+               "bench": "REPORT_DIR"}
+REMEDIES = {  # what to do when a finished stage directory is damaged
+    "prepare": "rerun the eyas prepare command that wrote it, with --force",
+    "capture": "rerun the eyas capture command that made it",
+    "train": "rerun the eyas train command that made it, with --resume: it rewrites final/ from the last checkpoint",
+    "export": "export it again (eyas export RUN_DIR --out DRAFT_DIR)",
+    "bench": "rerun the eyas bench command that wrote it",
+}
 COMMON_FIELDS = ("format", "stage", "eyas_version", "git_commit", "created", "options", "inputs", "outputs")
 
 
@@ -60,6 +70,78 @@ def read_manifest(directory: Path) -> dict | None:
     """``directory/manifest.json`` as a dict, or None when there is none."""
     path = Path(directory) / MANIFEST
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def read_stage_manifest(directory: Path, stage: str) -> dict:
+    """``directory/manifest.json`` of a finished ``stage`` directory, or an error naming the file and what to do: it is
+    missing, not JSON, another stage's, or of a format version this eyas does not read. A manifest without ``format``
+    (older eyas) is accepted."""
+    directory, kind = Path(directory), DIRECTORIES[stage]
+    path = directory / MANIFEST
+    if not path.is_file():
+        what = f"{directory} does not exist" if not directory.exists() else f"{path} is missing"
+        raise EyasError(f"{what}: not a finished {kind}; give the directory eyas {stage} wrote (or rerun eyas {stage} "
+                        "to finish it)")
+    manifest = read_json_object(path, f"the {kind} is damaged; rerun eyas {stage} to rewrite it")
+    found = manifest.get("format", FORMATS[stage])
+    if found != FORMATS[stage]:
+        other = next((s for s, f in FORMATS.items() if f == found), None)
+        if other is not None:
+            raise EyasError(f"{directory} is a {DIRECTORIES[other]} (written by eyas {other}), not a {kind}: give the "
+                            f"directory eyas {stage} wrote")
+        if str(found).split("/")[0] == FORMATS[stage].split("/")[0]:
+            raise EyasError(f"{path} has format {found}, and this eyas ({__version__}) reads {FORMATS[stage]}: it was "
+                            "written by another eyas version; upgrade eyas, or rerun eyas " + stage)
+        raise EyasError(f"{path} has format {found!r}: not an eyas {kind}; give the directory eyas {stage} wrote")
+    return manifest
+
+
+def read_json_object(path: Path, remedy: str) -> dict:
+    """A JSON file holding an object, or one line naming it, what is wrong (not JSON, not an object) and ``remedy``."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise EyasError(f"{path} is not valid JSON ({err}); {remedy}") from None
+    if not isinstance(value, dict):
+        raise EyasError(f"{path} holds no JSON object; {remedy}")
+    return value
+
+
+def file_problem(path: Path, size: int, sha256: str | None, digest: bool = True) -> str | None:
+    """What is wrong with a file a manifest records (its ``size`` in bytes and ``sha256``): missing, another size, or —
+    when ``digest`` — other bytes; None when it is intact. The one integrity check of every stage's outputs."""
+    path = Path(path)
+    if not path.is_file():
+        return "missing"
+    found = path.stat().st_size
+    if found != size:
+        return f"{found:,} bytes where the manifest records {size:,} (truncated or replaced)"
+    if digest and sha256 is not None and file_sha256(path) != sha256:
+        return "its SHA-256 differs from the manifest's (the bytes changed after they were written)"
+    return None
+
+
+def output_problems(directory: Path, manifest: dict, digest: bool = True) -> list[str]:
+    """``"PATH: problem"`` for each output file ``manifest`` records that is missing or changed (none in a manifest of
+    an older eyas, which records no outputs)."""
+    directory = Path(directory)
+    problems = []
+    for record in manifest.get("outputs") or []:
+        problem = file_problem(directory / record["file"], record["bytes"], record.get("sha256"), digest)
+        if problem is not None:
+            problems.append(f"{directory / record['file']}: {problem}")
+    return problems
+
+
+def verify_stage_dir(directory: Path, stage: str, digest: bool = True) -> dict:
+    """The manifest of a finished ``stage`` directory whose recorded outputs are all intact (:func:`output_problems`),
+    or an error naming the first damaged file and what to do."""
+    manifest = read_stage_manifest(directory, stage)
+    problems = output_problems(directory, manifest, digest)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise EyasError(f"{problems[0]}{more}: the {DIRECTORIES[stage]} is not what eyas {stage} wrote; {REMEDIES[stage]}")
+    return manifest
 
 
 def input_record(role: str, path, sha256: str | None = None) -> dict:

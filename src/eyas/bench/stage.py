@@ -12,14 +12,16 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     from eyas.bench.run import parse_modes, run_bench
     from eyas.data.benchmarks import load_prompts
     from eyas.engine.acceptance import Sampling
-    from eyas.engine.loading import load_engine
-    from eyas.manifest import clear_manifest, input_record, write_manifest
+    from eyas.engine.loading import load_engine, load_target_for
+    from eyas.manifest import clear_manifest, input_record, verify_stage_dir, write_manifest
     from eyas.progress import progress_bar
     from eyas.target.facts import target_facts, target_input
-    from eyas.target.loading import load_target, load_target_config
+    from eyas.target.loading import load_target_config
 
     modes = parse_modes(options.modes)
-    target = load_target(options.target, device=options.device, trust_remote_code=options.trust_remote_code)
+    if options.data is not None:
+        verify_stage_dir(options.data, "prepare")
+    target = load_target_for(options.draft, options.target, device=options.device, trust_remote_code=options.trust_remote_code)
     chosen, dropped = load_prompts(list(options.datasets), target.tokenizer, options.data, options.prompts,
                                    options.max_prompt_tokens)
     if not chosen:

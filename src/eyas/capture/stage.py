@@ -21,7 +21,7 @@ from eyas.data.vocab import VOCAB_FILE
 from eyas.distributed import barrier, init_distributed
 from eyas.errors import EyasError
 from eyas.io import atomic_path, file_sha256
-from eyas.manifest import MANIFEST, input_record, manifest_fields, output_record
+from eyas.manifest import MANIFEST, file_problem, input_record, manifest_fields, output_record, verify_stage_dir
 from eyas.progress import progress_bar
 from eyas.store.async_writer import ShardWriterPool
 from eyas.store.plan import ShardPlan, plan_shards
@@ -29,6 +29,7 @@ from eyas.store.shards import DTYPES, ShardRecord, StoreManifest, bytes_per_toke
 from eyas.target.facts import target_facts, target_input
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
 from eyas.target.loading import load_target_config
+from eyas.target.weights import weights_sha256
 
 
 @dataclass
@@ -61,6 +62,7 @@ def capture(options: CaptureOptions) -> CaptureReport:
     out = Path(options.out)
     config, source = load_target_config(options.target, options.trust_remote_code)
     target = target_facts(options.target, config, source)
+    target["weights_sha256"] = weights_sha256(options.target, options.trust_remote_code)  # training compares it
     num_layers, hidden = target["num_layers"], target["hidden_size"]
     layer_ids = validate_layer_ids(options.layer_ids or default_layer_ids(num_layers), num_layers)
     data_dir = Path(options.data)
@@ -129,9 +131,9 @@ def capture(options: CaptureOptions) -> CaptureReport:
 
 
 def _load_samples(data_dir: Path, splits) -> dict:
-    for name in (MANIFEST, VOCAB_FILE):
-        if not (data_dir / name).is_file():
-            raise EyasError(f"{data_dir} is not a DATA_DIR (no {name}); run eyas prepare first")
+    verify_stage_dir(data_dir, "prepare")
+    if not (data_dir / VOCAB_FILE).is_file():
+        raise EyasError(f"{data_dir / VOCAB_FILE} is missing: not a finished DATA_DIR; rerun eyas prepare")
     samples = {}
     for split in splits:
         path = data_dir / f"{split}.parquet"
@@ -159,17 +161,16 @@ def _resume_state(out: Path, manifest: StoreManifest, force: bool, rank: int) ->
                 f"{out} holds a capture made with other settings ({', '.join(changed)} differ); "
                 "use another --out, or --force to discard it and start over"
             )
-    if any(m.complete for m in existing):
+    def intact(record: ShardRecord) -> bool:
+        return file_problem(out / record.file, record.bytes, record.sha256, digest=False) is None
+
+    # a complete store is done unless shards went missing (deleted because a check found them bad): those are redone
+    if any(m.complete and all(intact(r) for r in m.shards) for m in existing):
         return None
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(".*.tmp-*"):  # a shard being written when the last run died
         stale.unlink(missing_ok=True)
-    done = {}
-    for old in existing:
-        for record in old.shards:
-            if (out / record.file).is_file() and (out / record.file).stat().st_size == record.bytes:
-                done[record.file] = record
-    return done
+    return {record.file: record for old in existing for record in old.shards if intact(record)}
 
 
 def _cap(samples: dict, max_gb: float | None, per_token: int) -> tuple[dict, int]:

@@ -48,6 +48,16 @@ def load_engine(target_spec: str, draft_dir: Path | None, capacity: int, device:
     return Engine(target, runner, draft_runner, set(stop_ids(target.model, target.tokenizer)))
 
 
+def load_target_for(draft_dir: Path | None, target_spec: str, device: str | None = None, trust_remote_code: bool = False):
+    """The target to decode with ``draft_dir``, loaded only once the drafter is known to fit it (:mod:`eyas.export.fit`:
+    a drafter made for another target fails in one line, before any weight is read)."""
+    from eyas.export.fit import require_fit
+    from eyas.target.loading import load_target
+
+    require_fit(draft_dir, target_spec, trust_remote_code)
+    return load_target(target_spec, device=device, trust_remote_code=trust_remote_code)
+
+
 def prompt_tensor(ids: list[int]) -> torch.Tensor:
     """Token ids as the [1, P] tensor the engine takes."""
     return torch.tensor([ids], dtype=torch.long)

@@ -6,13 +6,16 @@ are what works but deserves a look. Each message says what to change.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from eyas.errors import EyasError
 from eyas.export.contract import ARCHITECTURE, expected_shapes, flat_config
-from eyas.export.files import eyas_name, read_shapes, weight_files
+from eyas.export.files import eyas_name, read_shapes, read_tensors, safetensors_header, weight_files
+from eyas.export.fit import TargetSizes, fit_problems, read_draft_config
+from eyas.manifest import MANIFEST, REMEDIES, file_problem, output_problems, read_stage_manifest
 from eyas.target.layer_ids import sglang_reads
 
 _FLOATS = {"BF16", "F16", "F32"}
@@ -31,12 +34,15 @@ class CheckResult:
         return not self.errors
 
 
-def check_draft_dir(directory: Path, target_model_type: str | None = None, target_layers: int | None = None) -> CheckResult:
-    """Validate config.json and model.safetensors of ``directory`` against the export contract."""
+def check_draft_dir(directory: Path, target: TargetSizes | None = None) -> CheckResult:
+    """Validate config.json and model.safetensors of ``directory`` against the export contract (and, given the
+    ``target``'s sizes, that the drafter fits it)."""
     directory = Path(directory)
     result = CheckResult()
-    config = _read_config(directory, result)
-    if config is None:
+    try:
+        config = read_draft_config(directory)
+    except EyasError as err:
+        result.errors.append(str(err))
         return result
     if "speculators_model_type" in config:
         _check_speculators(config, result)
@@ -44,41 +50,102 @@ def check_draft_dir(directory: Path, target_model_type: str | None = None, targe
     _check_config(config, result)
     if result.errors:
         return result
+    damaged = integrity_problems(directory)
+    result.errors.extend(damaged)
+    result.warnings.extend(_edited_since_export(directory))
     try:
         files = weight_files(directory)
         shapes = read_shapes(directory, normalise=False)
     except EyasError as err:
-        result.errors.append(str(err))
+        if not damaged:  # a damaged file is reported once
+            result.errors.append(str(err))
     else:
         if files[0].suffix == ".bin":
             result.warnings.append(f"{files[0].name} is a pickle: engines load it, but `eyas export` writes safetensors "
                                    "(no code can hide in it)")
         _check_tensors(config, shapes, result)
-    _check_layer_ids(config, result, target_model_type, target_layers)
+        _check_values(directory, config, result)
+    if target is not None:
+        result.errors.extend(f"made for another target: {problem}" for problem in fit_problems(config, target))
+    _check_layer_ids(config, result, target.model_type if target else None, target.num_layers if target else None)
     return result
 
 
-def check_for_target(directory: Path, target: str | None) -> CheckResult:
-    """``check_draft_dir``, with the target's family and depth read from its config when ``target`` is given."""
+def check_for_target(directory: Path, target: str | None, trust_remote_code: bool = False) -> CheckResult:
+    """``check_draft_dir``, with the target's sizes read from its config when ``target`` is given."""
     if not target:
         return check_draft_dir(directory)
-    from eyas.target.layout import text_config
     from eyas.target.loading import load_target_config
 
-    text = text_config(load_target_config(target)[0])
-    return check_draft_dir(directory, text.model_type, int(text.num_hidden_layers))
+    return check_draft_dir(directory, TargetSizes.of(load_target_config(target, trust_remote_code)[0]))
 
 
-def _read_config(directory: Path, result: CheckResult) -> dict | None:
-    path = directory / "config.json"
-    if not path.is_file():
-        result.errors.append(f"{path} is missing: a drafter directory needs config.json and model.safetensors")
-        return None
+def integrity_problems(directory: Path) -> list[str]:
+    """Damage to a drafter's weight files: against the sizes and SHA-256 its manifest.json records when eyas export
+    wrote it, else by each safetensors file's header and size (a truncation; changed bytes need the manifest)."""
+    directory = Path(directory)
+    manifest = _export_manifest(directory)
+    if isinstance(manifest, str):
+        return [manifest]
+    recorded = {r["file"]: r for r in manifest.get("outputs") or []}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        result.errors.append(f"{path} is not valid JSON: {err}")
-        return None
+        files = weight_files(directory)
+    except EyasError as err:
+        return [str(err)]
+    problems = []
+    for path in files:
+        record = recorded.get(path.name)
+        if record is not None:
+            problem = file_problem(path, record["bytes"], record.get("sha256"))
+            if problem is not None:
+                problems.append(f"{path}: {problem}; {REMEDIES['export']}")
+        elif path.suffix == ".safetensors":
+            try:
+                safetensors_header(path)
+            except EyasError as err:
+                problems.append(str(err))
+    return problems
+
+
+def _export_manifest(directory: Path) -> dict | str:
+    """DRAFT_DIR's manifest.json ({} when there is none: another tool's drafter), or what is wrong with it."""
+    if not (directory / MANIFEST).is_file():
+        return {}
+    try:
+        return read_stage_manifest(directory, "export")
+    except EyasError as err:
+        return str(err)
+
+
+def _edited_since_export(directory: Path) -> list[str]:
+    """Files besides the weights that differ from what eyas export recorded (a config edited by hand, say)."""
+    manifest = _export_manifest(directory)
+    if isinstance(manifest, str):
+        return []  # integrity_problems reports it
+    others = [r for r in manifest.get("outputs") or [] if not r["file"].endswith((".safetensors", ".bin"))]
+    return [f"{problem}: edited after eyas export wrote it? The checks judge it as it is now"
+            for problem in output_problems(directory, {"outputs": others})]
+
+
+def _check_values(directory: Path, config: dict, result: CheckResult) -> None:
+    """Every weight finite (NaN or Inf: a diverged training or flipped bits) and d2t mapping into the vocabulary."""
+    try:
+        tensors = read_tensors(directory)
+    except EyasError as err:  # a .bin that is not plain tensors (read_shapes has passed the safetensors headers)
+        result.errors.append(str(err))
+        return
+    for name, tensor in sorted(tensors.items()):
+        if tensor.is_floating_point():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                result.errors.append(f"tensor {name} holds {bad:,} NaN or Inf values of {tensor.numel():,}: a training "
+                                     "that diverged, or a damaged file; export a checkpoint from before it went wrong")
+    d2t, vocab = tensors.get("d2t"), config.get("vocab_size")
+    if d2t is not None and d2t.dim() == 1 and len(d2t) and not d2t.is_floating_point() and isinstance(vocab, int):
+        ids = torch.arange(len(d2t)) + d2t.long()
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab or bool((ids[1:] <= ids[:-1]).any()):
+            result.errors.append(f"d2t does not map the draft vocabulary onto distinct ascending target ids in 0..{vocab - 1} "
+                                 "(target id = i + d2t[i]): the file is damaged or was written by another convention")
 
 
 def _check_config(config: dict, result: CheckResult) -> None:

@@ -30,7 +30,7 @@ def expected_shapes(config: dict) -> dict[str, list[int]]:
     head_dim = int(config.get("head_dim") or hidden // heads)
     inter = int(config["intermediate_size"])
     vocab, draft_vocab = int(config["vocab_size"]), int(config.get("draft_vocab_size") or config["vocab_size"])
-    aux = int(config.get("num_aux_hidden_states") or len(_eagle_ids(config) or [0, 0, 0]))
+    aux = int(config.get("num_aux_hidden_states") or len(layer_ids_of(config) or [0, 0, 0]))
     shapes = {
         "fc.weight": [hidden, aux * target_hidden],
         "midlayer.input_layernorm.weight": [hidden],
@@ -53,7 +53,8 @@ def expected_shapes(config: dict) -> dict[str, list[int]]:
     return shapes
 
 
-def _eagle_ids(config: dict) -> list[int] | None:
+def layer_ids_of(config: dict) -> list[int] | None:
+    """The layer ids a drafter config names, as vLLM reads them (top level, else eagle_config's); None: engine defaults."""
     nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     return config.get("eagle_aux_hidden_state_layer_ids") or nested
 

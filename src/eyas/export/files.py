@@ -22,6 +22,11 @@ _DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F3
                 torch.int32: "I32", torch.bool: "BOOL"}
 
 
+_ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4,
+               "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+_INTACT_COPY = "replace it with an intact copy (an eyas drafter: eyas export it again)"
+
+
 def eyas_name(name: str) -> str:
     """``model.layers.0.x`` / ``layers.0.x`` / ``midlayer.x`` → ``midlayer.x``; other names lose a ``model.`` prefix."""
     if name.startswith("model."):
@@ -36,7 +41,10 @@ def weight_files(directory: Path) -> list[Path]:
     directory = Path(directory)
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise EyasError(f"{index} is not a safetensors index (JSON with a weight_map): damaged; {_INTACT_COPY}") from None
         missing = [s for s in shards if not (directory / s).is_file()]
         if missing:
             raise EyasError(f"{index} names shards that are not there: {missing}")
@@ -59,6 +67,43 @@ def _load_bin(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def safetensors_header(path: Path, remedy: str = _INTACT_COPY) -> dict[str, dict]:
+    """A safetensors file's tensor table (name → dtype, shape, data_offsets), checked against the file: a truncated,
+    padded or garbled file is an error naming it and ``remedy`` (what to do), not a crash when a tensor is read."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little") if size >= 8 else -1
+        if not 0 < length <= min(size - 8, 100 * 2**20):
+            raise EyasError(f"{path} is not a readable safetensors file ({size:,} bytes, header length {length:,}): "
+                            f"truncated or another format; {remedy}")
+        try:
+            header = json.loads(f.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            header = None
+    if not isinstance(header, dict):
+        raise EyasError(f"{path} has a garbled safetensors header (not a JSON object): damaged; {remedy}")
+    header.pop("__metadata__", None)
+    end = 0
+    for name, info in header.items():
+        try:
+            begin, stop = (int(x) for x in info["data_offsets"])
+            count = 1
+            for dim in info["shape"]:
+                count *= int(dim)
+            expected = count * _ITEM_BYTES[info["dtype"]]
+        except (KeyError, TypeError, ValueError):
+            raise EyasError(f"{path}: the header entry of tensor {name} is malformed: damaged; {remedy}") from None
+        if begin < 0 or stop - begin != expected:
+            raise EyasError(f"{path}: tensor {name} spans bytes {begin}..{stop}, its shape and dtype need {expected:,}: "
+                            f"damaged; {remedy}")
+        end = max(end, stop)
+    if end != size - 8 - length:
+        raise EyasError(f"{path} holds {size - 8 - length:,} bytes of tensor data where its header needs {end:,}: "
+                        f"{'truncated' if end > size - 8 - length else 'damaged'}; {remedy}")
+    return header
+
+
 def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory, under eyas names."""
     out: dict[str, torch.Tensor] = {}
@@ -66,6 +111,7 @@ def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
         if path.suffix == ".bin":
             state = _load_bin(path)
         else:
+            safetensors_header(path)
             with safe_open(str(path), framework="pt") as f:
                 state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 — safe_open is not a dict
         for name, tensor in state.items():
@@ -83,10 +129,7 @@ def read_shapes(directory: Path, normalise: bool = True) -> dict[str, tuple[list
             for name, tensor in _load_bin(path).items():
                 out[rename(name)] = (list(tensor.shape), _DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype)))
             continue
-        with open(path, "rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        header.pop("__metadata__", None)
-        for name, info in header.items():
+        for name, info in safetensors_header(path).items():
             out[rename(name)] = (list(info["shape"]), info["dtype"])
     return out
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from eyas.drafter.config import DrafterConfig
 from eyas.errors import EyasError
-from eyas.export.contract import flat_config
+from eyas.export.contract import flat_config, layer_ids_of
 from eyas.export.files import read_tensors
+from eyas.export.fit import read_draft_config
 from eyas.target.layer_ids import default_layer_ids
 
 # Variants of the EAGLE-3 layer that eyas' drafter does not compute: importing them would measure
@@ -33,10 +33,7 @@ def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple
     of a ``target_layers``-layer target.
     """
     directory = Path(directory)
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise EyasError(f"{config_path} is missing: is {directory} a drafter directory?")
-    raw = json.loads(config_path.read_text())
+    raw = read_draft_config(directory)
     config = flat_config(raw)
     for key, what in _UNSUPPORTED.items():
         if config.get(key) or (config.get("eagle_config") or {}).get(key):
@@ -52,7 +49,7 @@ def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple
     heads = int(config["num_attention_heads"])
     vocab = int(config["vocab_size"])
     draft_vocab = int(config.get("draft_vocab_size") or vocab)
-    ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ids = layer_ids_of(config)
     if ids is None:
         if target_layers is None:
             raise EyasError(f"{directory} names no layer ids (engine defaults); give the target so eyas knows its depth")

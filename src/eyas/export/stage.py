@@ -32,9 +32,9 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
     from eyas.export.eagle3 import TORCH_DTYPES, draft_config, draft_tensors
     from eyas.export.files import DRAFT_FILES, write_draft_dir
     from eyas.export.speculators import speculators_config
-    from eyas.manifest import input_record, write_manifest
+    from eyas.manifest import REMEDIES, input_record, read_json_object, write_manifest
     from eyas.target.facts import target_input
-    from eyas.train.resume import read_run_record, run_options
+    from eyas.train.resume import run_options
 
     run_dir = Path(run_dir)
     final = run_dir / "final"
@@ -44,11 +44,11 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
         raise EyasError(f"--dtype must be bf16, fp16 or fp32, not {dtype!r}")
     if fmt not in ("eagle3", "speculators"):
         raise EyasError(f"--format must be eagle3 or speculators, not {fmt!r}")
-    drafter = DrafterConfig.from_dict(json.loads((final / "drafter_config.json").read_text()))
-    recorded = read_run_record(run_dir)
-    if recorded is None:
+    _verify_run_dir(run_dir)
+    drafter = DrafterConfig.from_dict(read_json_object(final / "drafter_config.json", REMEDIES["train"]))
+    if not (run_dir / "train_options.json").is_file():
         raise EyasError(f"{run_dir}/train_options.json is missing: RUN_DIR is incomplete; train it again into a new --out")
-    options = run_options(recorded)
+    options = run_options(read_json_object(run_dir / "train_options.json", REMEDIES["train"]))
     target = _target_facts(run_dir, options)
     config = draft_config(drafter, target["model_type"], target["num_layers"], dtype)
     tensors = draft_tensors(load_file(str(final / "model.safetensors")), config, dtype)
@@ -61,6 +61,21 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
     inputs = [input_record("run", run_dir), target_input(target)]
     return write_draft_dir(out, config, tensors, card,
                            then=lambda tmp: write_manifest(tmp, "export", stage, inputs, DRAFT_FILES, target=target))
+
+
+def _verify_run_dir(run_dir: Path) -> None:
+    """RUN_DIR's files as its manifest records them (sizes, SHA-256); a run from before runs had manifests: the files
+    export reads present and the weights' safetensors header consistent with their size."""
+    from eyas.export.files import safetensors_header
+    from eyas.manifest import MANIFEST, REMEDIES, verify_stage_dir
+
+    if (run_dir / MANIFEST).is_file():
+        verify_stage_dir(run_dir, "train")
+        return
+    for name in ("final/drafter_config.json", "train_options.json"):
+        if not (run_dir / name).is_file():
+            raise EyasError(f"{run_dir / name} is missing: RUN_DIR is incomplete; {REMEDIES['train']}")
+    safetensors_header(run_dir / "final" / "model.safetensors", REMEDIES["train"])
 
 
 def _target_facts(run_dir: Path, train_options: dict) -> dict:

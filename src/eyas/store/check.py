@@ -16,6 +16,8 @@ from eyas.io import file_sha256
 from eyas.manifest import MANIFEST
 from eyas.store.reader import FeatureStore
 from eyas.store.shards import StoreManifest
+from eyas.store.verify import REPAIR, shard_problems
+from eyas.target.facts import target_mismatch
 
 # Largest relative difference (max |stored − live| / max |live|) expected from storage rounding.
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 1.6e-2, "fp8": 1.3e-1}
@@ -43,14 +45,10 @@ class CheckReport:
 def check_store(directory: Path, target: str | None = None, samples: int = 4, trust_remote_code: bool = False) -> CheckReport:
     """Verify checksums and counts; re-capture ``samples`` random samples with the live target."""
     directory = Path(directory)
-    manifest = StoreManifest.load(directory / MANIFEST)
+    manifest = StoreManifest.read(directory)
     report = CheckReport(shards=len(manifest.shards), tolerance=TOLERANCE[manifest.dtype])
-    for shard in manifest.shards:
-        path = directory / shard.file
-        if not path.is_file():
-            report.bad_checksums.append(f"{shard.file}: missing")
-        elif file_sha256(path) != shard.sha256:
-            report.bad_checksums.append(f"{shard.file}: sha256 differs from the manifest")
+    bad = shard_problems(directory, manifest.shards)
+    report.bad_checksums = [f"{name}: {problem}; {REPAIR}" for name, problem in bad.items()]
     data_dir = _captured_data_dir(manifest, report)
     for split in manifest.options["splits"]:
         store = FeatureStore(directory, split)
@@ -61,8 +59,8 @@ def check_store(directory: Path, target: str | None = None, samples: int = 4, tr
         if expected is not None and manifest.options.get("max_gb") is None and set(ids) != set(expected):
             report.count_problems.append(f"{split}: {len(set(expected) - set(ids))} samples of DATA_DIR missing, "
                                          f"{len(set(ids) - set(expected))} unknown")
-        tokens = sum(s.tokens for s in store.shards)
-        if tokens != sum(store.lengths):  # from the shards' offsets: no state is read
+        intact = [k for k, shard in enumerate(store.shards) if shard.file not in bad]  # a damaged shard cannot be opened
+        if sum(store.shards[k].tokens for k in intact) != sum(store.shard_lengths(intact)):  # offsets only: no state read
             report.count_problems.append(f"{split}: token counts differ from the manifest")
     if samples and not report.bad_checksums:
         _recapture(directory, manifest, target or manifest.target["spec"], samples, report, trust_remote_code)
@@ -88,8 +86,12 @@ def _recapture(directory, manifest, target_spec, samples, report, trust_remote_c
     from eyas.target import capture_hidden_states, load_target
 
     target = load_target(target_spec, trust_remote_code=trust_remote_code)
-    if target.layout.num_layers != manifest.target["num_layers"] or target.layout.hidden_size != manifest.target["hidden_size"]:
-        raise EyasError(f"target {target_spec!r} is not the one this store was captured from ({manifest.target['architecture']})")
+    live = {"num_layers": target.layout.num_layers, "hidden_size": target.layout.hidden_size,
+            "vocab_size": target.layout.vocab_size}
+    mismatch = target_mismatch(manifest.target, live, identity=False)  # the re-capture itself compares the rest
+    if mismatch is not None:
+        raise EyasError(f"target {target_spec!r} is not the one {directory / MANIFEST} was captured from, "
+                        f"{manifest.target.get('spec')!r} ({mismatch}); pass that one with --target")
     store = FeatureStore(directory, manifest.options["splits"][0], dtype=torch.float32)
     rng = random.Random(0)
     width = manifest.target["hidden_size"]
@@ -119,7 +121,7 @@ def print_check(console: Console, report: CheckReport) -> None:
     console.print(f"{report.shards} shards; checksums {'ok' if not report.bad_checksums else 'BAD'}; "
                   f"counts {'ok' if not report.count_problems else 'BAD'}; re-captured {len(report.recaptured)} samples")
     for problem in report.bad_checksums + report.count_problems:
-        console.print(f"  [red]{problem}[/]")
+        console.print(f"  [red]{problem}[/]", soft_wrap=True, highlight=False)
     for skipped in report.skipped:
         console.print(f"  [yellow]skipped:[/] {skipped}", soft_wrap=True, highlight=False)
     console.print(table)

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from eyas.data.vocab import VOCAB_FILE
 from eyas.errors import EyasError
 from eyas.io import file_sha256
-from eyas.manifest import MANIFEST
+from eyas.manifest import MANIFEST, file_problem
 from eyas.store import fp8
 from eyas.store.shards import StoreManifest
 
@@ -25,10 +25,7 @@ class FeatureStore:
 
     def __init__(self, directory: Path, split: str = "train", dtype: torch.dtype | None = None):
         self.directory = Path(directory)
-        manifest_path = self.directory / MANIFEST
-        if not manifest_path.is_file():
-            raise EyasError(f"{self.directory} is not a FEATURES_DIR (no manifest.json); run eyas capture first")
-        self.manifest = StoreManifest.load(manifest_path)
+        self.manifest = StoreManifest.read(self.directory)
         if not self.manifest.complete:
             raise EyasError(f"{self.directory} is an unfinished capture; rerun the same eyas capture command to finish it")
         self.shards = [s for s in self.manifest.shards if s.split == split]
@@ -45,8 +42,12 @@ class FeatureStore:
     @property
     def lengths(self) -> list[int]:
         """Tokens of each sample, in store order (from the shards' offsets, no state is read)."""
+        return self.shard_lengths(range(len(self.shards)))
+
+    def shard_lengths(self, shards) -> list[int]:
+        """Tokens of each sample of the shards numbered ``shards`` (positions in this split), in that order."""
         out = []
-        for k in range(len(self.shards)):
+        for k in shards:
             self._handle(k)
             out.extend((self._offsets[k][1:] - self._offsets[k][:-1]).tolist())
         return out
@@ -78,9 +79,9 @@ class FeatureStore:
         carried one — DATA_DIR's, while DATA_DIR is still where the capture recorded it and unchanged."""
         record, own = self.manifest.output(VOCAB_FILE), self.directory / VOCAB_FILE
         if record is not None:
-            if not own.is_file() or file_sha256(own) != record["sha256"]:
-                raise EyasError(f"{own} is missing or differs from the one {self.directory / MANIFEST} records; rerun the "
-                                "eyas capture command that made the store to restore it")
+            problem = file_problem(own, record["bytes"], record["sha256"])
+            if problem is not None:
+                raise EyasError(f"{own}: {problem}; rerun the eyas capture command that made the store to restore it")
             return own
         if own.is_file():  # copied in by hand into an older store
             return own

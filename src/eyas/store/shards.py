@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from eyas.errors import EyasError
 from eyas.io import atomic_path, write_json_atomic
-from eyas.manifest import FORMATS
+from eyas.manifest import FORMATS, MANIFEST, read_stage_manifest
 from eyas.store import fp8
 
 STORE_FORMAT = FORMATS["capture"]
@@ -78,9 +79,24 @@ class StoreManifest:
 
     @classmethod
     def load(cls, path: Path) -> StoreManifest:
-        """Read a manifest written by :meth:`save`."""
-        data = json.loads(Path(path).read_text())
-        data["shards"] = [ShardRecord(**s) for s in data.get("shards", [])]
+        """Read a manifest written by :meth:`save` (fields a newer eyas added are ignored)."""
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def read(cls, directory: Path) -> StoreManifest:
+        """FEATURES_DIR's manifest.json, or an error naming it and what to do (missing, damaged, not a store's)."""
+        try:
+            return cls.from_dict(read_stage_manifest(directory, "capture"))
+        except (TypeError, KeyError, AttributeError) as err:  # fields missing or of the wrong kind
+            raise EyasError(f"{Path(directory) / MANIFEST} lacks what a store's manifest holds ({type(err).__name__}: "
+                            f"{err}): the FEATURES_DIR is damaged; rerun the eyas capture command that made it") from None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StoreManifest:
+        """A manifest from its JSON form."""
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}
+        data["shards"] = [ShardRecord(**{k: s[k] for k in ShardRecord.__dataclass_fields__}) for s in data.get("shards", [])]
         return cls(**data)
 
 

@@ -28,3 +28,24 @@ def target_facts(spec: str, config, source: str | None = None) -> dict:
 def target_input(facts: dict) -> dict:
     """The target as a manifest input: its spec, identified by its config's SHA-256."""
     return input_record("target", facts["spec"], facts["config_sha256"])
+
+
+SIZES = ("num_layers", "hidden_size", "vocab_size")
+
+
+def target_mismatch(recorded: dict, live: dict, identity: bool = True) -> str | None:
+    """How target ``live`` differs from the one ``recorded`` (both target facts), or None when it is that target: sizes
+    first; then, with ``identity``, the weights (``weights_sha256``, when both sides have it: equal weights are the same
+    target wherever it lies and whichever transformers wrote its config), else the config's SHA-256."""
+    for key in SIZES:  # a size recorded as 0 or missing is unknown, not different
+        if recorded.get(key) and live.get(key) and recorded[key] != live[key]:
+            return f"{key.replace('_', ' ')} {recorded[key]} there, {live.get(key)} here"
+    if not identity:
+        return None
+    if recorded.get("weights_sha256") and live.get("weights_sha256"):
+        if recorded["weights_sha256"] != live["weights_sha256"]:
+            return "same sizes but other weights: the embedding, lm_head or final norm differ"
+        return None
+    if recorded.get("config_sha256") and recorded["config_sha256"] != live.get("config_sha256"):
+        return "same sizes but another config.json"
+    return None

@@ -7,6 +7,7 @@ find each tensor's file through the safetensors index and read only that tensor.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -50,6 +51,27 @@ def head_and_embedding(target_source: str, trust_remote_code: bool = False) -> t
             raise
         head = embed
     return head, embed
+
+
+def weights_sha256(target_source: str, trust_remote_code: bool = False) -> str | None:
+    """SHA-256 of the target's token embedding, lm_head and final norm as its checkpoint stores them: what tells apart
+    two targets of one config (another fine-tune, a base model and its instruct sibling) without reading every weight.
+    None when the checkpoint cannot be read tensor by tensor (not safetensors)."""
+    config, source = load_target_config(target_source, trust_remote_code)
+    layout = discover_layout(build_skeleton(config, trust_remote_code))
+    wanted = {"embed": f"{layout.embed_path}.weight", "lm_head": f"{layout.lm_head_path}.weight",
+              **{f"norm.{name}": f"{layout.norm_path}.{name}" for name in layout.norm.state_dict()}}
+    digest = hashlib.sha256()
+    for local, path in wanted.items():  # one tensor in memory at a time
+        try:
+            tensor = checkpoint_tensors(source, {local: path})[local]
+        except (EyasError, OSError):
+            if local == "lm_head":  # tied to the embedding, which is hashed already
+                continue
+            return None
+        digest.update(f"{local} {tensor.dtype} {list(tensor.shape)}".encode())
+        digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
 
 
 def checkpoint_tensors(source: str, wanted: dict[str, str]) -> dict[str, torch.Tensor]:

@@ -38,6 +38,9 @@ class TrainOptions:
     fsdp: bool = option(False, "under torchrun: shard the drafter over ranks with FSDP2 (for drafters of very large targets)")
     hidden_size: int | None = option(None, "drafter width (default: the target's)")
     layer_ids: tuple[int, ...] | None = option(None, "online only: eyas layer ids (default 2, N//2, N-3)")
+    verify: bool = option(True, "before the first step, check FEATURES_DIR's shards against the SHA-256 its manifest "
+                          "records and that --target is the target the store was captured from; --no-verify skips both "
+                          "and says so (shard sizes and the target's sizes are still checked)", flag="--verify/--no-verify")
     trust_remote_code: bool = remote_code()
 
 

@@ -253,11 +253,14 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
 
     dtype = torch.float32  # master weights and batch states; autocast handles bf16 on GPU
     config, target_source = load_target_config(options.target, options.trust_remote_code)
+    facts = target_facts(options.target, config, target_source)
     if trains_online(options.online, options.features, options.data):
         if options.data is None:
             raise EyasError("--online trains from DATA_DIR: give --data DATA_DIR")
+        from eyas.manifest import verify_stage_dir
         from eyas.target import load_target
 
+        verify_stage_dir(options.data, "prepare")
         target = load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
         layer_ids = validate_layer_ids(options.layer_ids or default_layer_ids(target.layout.num_layers), target.layout.num_layers)
         data_dir = Path(options.data)
@@ -271,9 +274,12 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
         if options.features is None:
             raise EyasError("give --features FEATURES_DIR (offline) or --data DATA_DIR --online")
         from eyas.store.reader import FeatureStore
-        from eyas.target.weights import head_and_embedding
+        from eyas.store.verify import verify_for_training
+        from eyas.target.weights import head_and_embedding, weights_sha256
 
         store = FeatureStore(options.features, "train")
+        weights = weights_sha256(options.target, options.trust_remote_code) if options.verify else None
+        verify_for_training(options.features, store.manifest, {**facts, "weights_sha256": weights}, options.verify)
         layer_ids = tuple(store.manifest.layer_ids)
         vocab_path = store.vocab_path()
         source = OfflineSource(options.features, "train", options.token_budget, device, dtype)
@@ -281,14 +287,14 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
             if "holdout" in store.manifest.options["splits"] else None
         head, embed = head_and_embedding(options.target, options.trust_remote_code)
     if not source.batches:
-        raise EyasError("the training split is empty")
+        raise EyasError(f"{options.features or options.data} has an empty train split: nothing to train on; capture (or "
+                        "prepare) one with the train split")
     if not vocab_path.is_file():
         raise EyasError(f"{vocab_path} is missing: the draft vocabulary comes from eyas prepare's DATA_DIR")
     vocab = load_vocab(vocab_path)
     draft_ids = vocab.draft_ids.to(device)
     drafter_config = drafter_config_from_target(config, layer_ids, len(vocab.d2t), options.hidden_size)
     drafter = _new_drafter(drafter_config, vocab.d2t, head, embed, draft_ids, options.seed).to(device)
-    facts = target_facts(options.target, config, target_source)
     return {"drafter": drafter, "source": source, "holdout": holdout, "head": head.to(device, torch.float32),
             "draft_ids": draft_ids, "target": {**facts, "layer_ids": list(layer_ids)},
             "inputs": [data_input(options), target_input(facts)]}

@@ -1,0 +1,82 @@
+"""Does a drafter directory fit a target? The one rule ``eyas check --target``, ``eyas bench`` and ``eyas generate``
+apply, from the drafter's config.json and the target's config alone — before any weight is loaded.
+
+A drafter fits when it reads target states as wide as the target's hidden size, speaks the target's vocabulary, and
+taps layers the target has. A drafter made for another target fails here in one line instead of deep inside a matmul
+(or, worse, drafting nonsense that is then rejected token by token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from eyas.errors import EyasError
+from eyas.export.contract import flat_config, layer_ids_of
+from eyas.manifest import read_json_object
+from eyas.target.layer_ids import LayerIdError, default_layer_ids, validate_layer_ids
+
+
+@dataclass(frozen=True)
+class TargetSizes:
+    """What a drafter must agree with: the target's text model type, layer count, hidden and vocabulary sizes."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, config) -> TargetSizes:
+        """The sizes of a target's (HF) config; its text config for multimodal wrappers."""
+        from eyas.target.layout import text_config
+
+        text = text_config(config)
+        return cls(text.model_type, int(text.num_hidden_layers), int(text.hidden_size), int(getattr(text, "vocab_size", 0)))
+
+
+def fit_problems(config: dict, target: TargetSizes) -> list[str]:
+    """Why a drafter ``config`` (config.json, flattened to the HF EAGLE-3 shape) cannot serve ``target``; [] when it fits."""
+    problems = []
+    width = config.get("target_hidden_size") or config.get("hidden_size")
+    if isinstance(width, int) and width != target.hidden_size:
+        problems.append(f"it reads target states {width} wide (target_hidden_size, else hidden_size), and the target's "
+                        f"hidden size is {target.hidden_size}")
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and target.vocab_size and vocab != target.vocab_size:
+        problems.append(f"its vocab_size is {vocab}, the target's {target.vocab_size}: their token ids do not match")
+    ids = layer_ids_of(config)
+    try:
+        validate_layer_ids(default_layer_ids(target.num_layers) if ids is None else ids, target.num_layers)
+    except LayerIdError as err:
+        problems.append(f"it names no layer ids, so the engines tap (2, N//2, N-3), which a {target.num_layers}-layer "
+                        "target does not have" if ids is None else f"its {err}")
+    return problems
+
+
+def require_fit(draft_dir: Path | None, target_spec: str, trust_remote_code: bool = False) -> None:
+    """Before a target is loaded to decode with ``draft_dir``: its weight files intact and the drafter made for a target
+    of this shape, or one line naming the directory and what to do (nothing to check without a drafter)."""
+    if draft_dir is None:
+        return
+    from eyas.export.check import integrity_problems
+    from eyas.target.loading import load_target_config
+
+    draft_dir = Path(draft_dir)
+    damaged = integrity_problems(draft_dir)
+    if damaged:
+        more = f" (and {len(damaged) - 1} more; eyas check {draft_dir} lists them)" if len(damaged) > 1 else ""
+        raise EyasError(f"{damaged[0]}{more}")
+    config = flat_config(read_draft_config(draft_dir))
+    problems = fit_problems(config, TargetSizes.of(load_target_config(target_spec, trust_remote_code)[0]))
+    if problems:
+        raise EyasError(f"{draft_dir / 'config.json'}: the drafter was made for another target than {target_spec!r}: "
+                        f"{'; '.join(problems)}; use a drafter trained for this target (eyas train --target {target_spec})")
+
+
+def read_draft_config(directory: Path) -> dict:
+    """A drafter directory's config.json as a dict, or one line saying why it cannot be read."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise EyasError(f"{path} is missing: a drafter directory holds config.json and model.safetensors")
+    return read_json_object(path, "replace it with the drafter's intact config")
