@@ -123,6 +123,7 @@ def generate(o: GenerateOptions) -> None:
 
     from eyas.bench.run import parse_mode
     from eyas.data.benchmarks import render
+    from eyas.data.render import read_chat_template
     from eyas.engine.acceptance import Sampling
     from eyas.engine.decode import generate as decode
     from eyas.engine.loading import load_engine, prompt_tensor
@@ -130,10 +131,9 @@ def generate(o: GenerateOptions) -> None:
 
     with _user_errors():
         speculation = parse_mode(o.mode)
+        template = read_chat_template(o.chat_template)
         loaded = load_target(o.target, device=o.device, trust_remote_code=o.trust_remote_code)
-        if loaded.tokenizer is None:
-            raise EyasError(f"{o.target} has no tokenizer: eyas generate renders PROMPT with the target's chat template")
-        ids = render(loaded.tokenizer, o.prompt)
+        ids = render(loaded.tokenizer, o.prompt, template)
         # cache sized to this prompt, the answer and one round of drafts: nothing more is allocated
         capacity = len(ids) + o.max_new_tokens + speculation.draft_tokens + 1
         engine = load_engine(o.target, o.draft, capacity, o.device, o.trust_remote_code, target=loaded, graphs=o.graphs,
