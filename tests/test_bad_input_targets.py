@@ -38,24 +38,29 @@ def put(path, content: bytes):
     return path
 
 
+def write_random_draft(directory, change=lambda config: None):
+    """A random drafter for the tiny GGUF's vocabulary (260 tokens), exported into ``directory``."""
+    from eyas.export.eagle3 import draft_config, draft_tensors
+    from eyas.export.files import write_draft_dir
+    from test_drafter_consistency import random_drafter, tiny_config
+    from test_import_layouts import weights
+
+    drafter = random_drafter(tiny_config(vocab_size=260, draft_vocab_size=100))
+    config = draft_config(drafter.config, "llama", zoo.LAYERS, "fp32")
+    change(config)
+    write_draft_dir(directory, config, draft_tensors(weights(drafter), config, "fp32"), "")
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A base-model target (tokenizer without a chat template, from a tiny GGUF), a template file, a drafter."""
-    from test_drafter_consistency import random_drafter, tiny_config
-
-    from eyas.export.eagle3 import draft_config, draft_tensors
-    from eyas.export.files import write_draft_dir
-    from test_import_layouts import weights
-
     root = tmp_path_factory.mktemp("base")
     gguf, _ = zoo.write_tiny_gguf(root / "base.gguf")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("EYAS_CACHE", str(root / "cache"))
         target = resolve_target(str(gguf))  # the converted HF directory
     (root / "chat.jinja").write_text(TEMPLATE)
-    drafter = random_drafter(tiny_config(vocab_size=260, draft_vocab_size=100))
-    config = draft_config(drafter.config, "llama", zoo.LAYERS, "fp32")
-    write_draft_dir(root / "draft", config, draft_tensors(weights(drafter), config, "fp32"), "")
+    write_random_draft(root / "draft")
     chats = root / "chats.jsonl"
     chats.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
         {"from": "human", "value": f"What is {i} plus {i}?"}, {"from": "gpt", "value": f"It is {2 * i}."}]}) + "\n"
@@ -276,11 +281,29 @@ def test_gemma3_drafter_exports_the_rope_it_was_trained_with_flat(tmp_path):
 
 
 def test_a_drafter_config_from_earlier_eyas_exports_the_theta_it_trained_with():
-    from test_drafter_consistency import tiny_config
-
     from eyas.export.eagle3 import draft_config
+    from test_drafter_consistency import tiny_config
 
     earlier = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
                "full_attention": {"rope_type": "default", "rope_theta": 1e6}, "rope_type": "default", "rope_theta": 1e4}
     config = draft_config(tiny_config(rope_parameters=earlier), "gemma3_text", zoo.LAYERS, "fp32")
     assert config["rope_theta"] == 1e4 and config["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e4}
+
+
+def test_eyas_run_renders_benchmark_prompts_with_prepare_s_chat_template(tmp_path):
+    from eyas.config import load_config
+
+    path = tmp_path / "c.toml"
+    path.write_text('target = "base.gguf"\nworkdir = "w"\n[prepare]\ndata = ["chats.jsonl"]\nchat_template = "chat.jinja"\n')
+    assert str(load_config(path).options("bench").chat_template) == "chat.jinja"
+    assert str(load_config(path, ["bench.chat_template=other.jinja"]).options("bench").chat_template) == "other.jinja"
+    path.write_text('target = "demo"\nworkdir = "w"\n')
+    assert load_config(path).options("bench").chat_template is None
+
+
+def test_check_refuses_a_drafter_whose_rope_is_nested_per_layer_type(tmp_path):
+    gemma_rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                  "full_attention": {"rope_type": "default", "rope_theta": 1e6}}  # Gemma 3's, copied as is
+    write_random_draft(tmp_path / "draft", lambda config: config.update(rope_parameters=gemma_rope))
+    result = runner.invoke(app, ["check", str(tmp_path / "draft")])
+    assert result.exit_code == 1 and "error: rope_parameters is nested" in result.output, result.output

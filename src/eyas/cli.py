@@ -59,7 +59,7 @@ def _stage_command(name: str) -> None:
 def inspect(options: InspectOptions) -> None:
     """Print what eyas understood about TARGET: layout, sizes, layer ids in each engine's spelling.
 
-    Reads only the config (and tokenizer); no weights are loaded.
+    Reads only the config and tokenizer (of a GGUF, its header): no weights are loaded, nothing is written.
     """
     from rich.table import Table
 
