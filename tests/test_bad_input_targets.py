@@ -105,10 +105,7 @@ def test_an_unusable_chat_template_file_is_one_line(base, tmp_path, make, says):
     flags = ["--chat-template", str(template)]
     for command in (["prepare", "--target", target, "--data", str(chats), "--out", str(out / "data"), *flags],
                     ["generate", "Hi", "--target", target, "--device", "cpu", "--max-new-tokens", "2", *flags]):
-        line = one_error_line(runner.invoke(app, command), says)
-        assert "chat template" in line or "--chat-template" in line
-        if says != "not valid Jinja":  # a template that does not parse is found when it renders: the file is named
-            assert str(template) in line  # by the option it came from
+        one_error_line(runner.invoke(app, command), f"--chat-template {template}", says)
     assert not out.exists()
 
 

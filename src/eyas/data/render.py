@@ -59,6 +59,16 @@ def read_chat_template(path: Path | None) -> str | None:
                                 "its permissions") from None
     if not text.strip():
         raise ChatTemplateError(f"--chat-template {path} is empty; give a Jinja chat template file")
+    from jinja2 import TemplateSyntaxError
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    try:  # compiled as transformers compiles it, so a syntax error names this file, not a conversation
+        render_jinja_template([[{"role": "user", "content": "hi"}]], chat_template=text, add_generation_prompt=True)
+    except TemplateSyntaxError as err:
+        raise ChatTemplateError(f"--chat-template {path} is not valid Jinja (line {err.lineno}: {err.message}); "
+                                "fix the file") from None
+    except Exception:  # noqa: BLE001 — it compiles; refusing this probe conversation is the template's right
+        pass
     return text
 
 
@@ -90,8 +100,8 @@ def _apply(tokenizer, messages: list[dict], template: str, generation_prompt: bo
         return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                              add_generation_prompt=generation_prompt)
     except TemplateSyntaxError as err:
-        raise ChatTemplateError(f"the chat template is not valid Jinja (line {err.lineno}: {err.message}); fix the "
-                                "--chat-template file") from None
+        raise ChatTemplateError(f"the chat template is not valid Jinja (line {err.lineno}: {err.message}); pass a "
+                                "valid one with --chat-template FILE") from None
     except Exception as err:  # noqa: BLE001 — jinja raise_exception and friends: this conversation only
         raise RenderError(f"chat template error: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
 
