@@ -259,3 +259,63 @@ def tiny_store(root, sizes=(("train", 32), ("holdout", 6))):
     data = Path(write_data_dir(root / "data", sizes=sizes))
     capture(CaptureOptions(target=target, data=data, out=root / "features", dtype="fp32", token_budget=200, max_batch=4))
     return target, data, root / "features"
+
+
+def write_tiny_gguf(path, chat_template: str | None = None, layers: int = LAYERS):
+    """A tiny random Llama as a float32 GGUF file, with a byte-level BPE tokenizer (259 tokens: the 256 bytes,
+    then <|endoftext|>, <|im_start|>, <|im_end|>) and, if given, a chat template. Returns (path, the HF model)."""
+    from pathlib import Path
+
+    import gguf
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tokens = list(bytes_to_unicode().values()) + ["he", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    heads, kv_heads, hidden = 4, 2, HIDDEN
+    config = LlamaConfig(vocab_size=len(tokens), hidden_size=hidden, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256,
+                         bos_token_id=257, eos_token_id=257, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).float().eval()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny llama")
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 257 + [3] * 3)
+    writer.add_token_merges(["h e"])
+    writer.add_bos_token_id(257)
+    writer.add_eos_token_id(257)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+    def permute(w, n):  # llama.cpp's q/k row order (transformers undoes it on load)
+        return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name, hf in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"),
+                         ("attn_v", "self_attn.v_proj"), ("attn_output", "self_attn.o_proj"),
+                         ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
+            writer.add_tensor(f"blk.{i}.{name}.weight", state[p + hf + ".weight"])
+        writer.add_tensor(f"blk.{i}.attn_q.weight", permute(state[p + "self_attn.q_proj.weight"], heads))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", permute(state[p + "self_attn.k_proj.weight"], kv_heads))
+    writer.add_tensor("output_norm.weight", state["model.norm.weight"])
+    writer.add_tensor("output.weight", state["lm_head.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, model

@@ -59,7 +59,7 @@ def _stage_command(name: str) -> None:
 def inspect(options: InspectOptions) -> None:
     """Print what eyas understood about TARGET: layout, sizes, layer ids in each engine's spelling.
 
-    Reads only the config (and tokenizer); no weights are loaded.
+    Reads only the config and tokenizer (of a GGUF, its header): no weights are loaded, nothing is written.
     """
     from rich.table import Table
 
@@ -123,16 +123,16 @@ def generate(o: GenerateOptions) -> None:
 
     from eyas.bench.run import parse_mode
     from eyas.data.benchmarks import render
+    from eyas.data.render import read_chat_template
     from eyas.engine.acceptance import Sampling
     from eyas.engine.decode import generate as decode
     from eyas.engine.loading import load_engine, load_target_for, prompt_tensor
 
     with _user_errors():
         speculation = parse_mode(o.mode)
+        template = read_chat_template(o.chat_template)
         loaded = load_target_for(o.draft, o.target, device=o.device, trust_remote_code=o.trust_remote_code)
-        if loaded.tokenizer is None:
-            raise EyasError(f"{o.target} has no tokenizer: eyas generate renders PROMPT with the target's chat template")
-        ids = render(loaded.tokenizer, o.prompt)
+        ids = render(loaded.tokenizer, o.prompt, template)
         # cache sized to this prompt, the answer and one round of drafts: nothing more is allocated
         capacity = len(ids) + o.max_new_tokens + speculation.draft_tokens + 1
         engine = load_engine(o.target, o.draft, capacity, o.device, o.trust_remote_code, target=loaded, graphs=o.graphs,

@@ -49,7 +49,7 @@ class RunConfig:
         return self.workdir / STAGES[stage].folder
 
     def wired(self, stage: str) -> dict[str, Any]:
-        """The options eyas run sets itself: the target, the folders the stages hand on, and two rules."""
+        """The options eyas run sets itself: the target, the folders the stages hand on, and three rules."""
         sources = {"target": self.target, "out": self.folder(stage), "data": self.folder("prepare"),
                    "features": self.folder("capture"), "run_dir": self.folder("train"), "draft": self.folder("export"),
                    "resume": True}  # a rerun continues training where it stopped
@@ -61,6 +61,9 @@ class RunConfig:
             del values["features"]
         if stage == "bench" and not (values["data"] / "manifest.json").is_file():
             values["data"] = None  # only a DATA_DIR that prepare finished
+        template = self.sections.get("prepare", {}).get("chat_template")
+        if stage == "bench" and template and "chat_template" not in self.sections.get("bench", {}):
+            values["chat_template"] = template  # benchmark prompts rendered as the training data was
         return values
 
     def options(self, stage: str):

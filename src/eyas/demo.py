@@ -64,6 +64,9 @@ def run_demo(console: Console, out: Path, quick: bool = False) -> None:
 
 def _show_target(console: Console) -> None:
     """Load the demo target, print its layout, capture one chat and compare with transformers' hidden states."""
+    import torch
+
+    from eyas.data.render import chat_ids, chat_template_for
     from eyas.target import capture_hidden_states, load_target
     from eyas.target.verify import max_abs_diff_vs_hf
 
@@ -77,7 +80,8 @@ def _show_target(console: Console) -> None:
         f"vocab = {layout.vocab_size}; final norm {layout.norm_path}; lm_head {layout.lm_head_path}",
         soft_wrap=True,
     )
-    input_ids = target.tokenizer.apply_chat_template(DEMO_CHAT, return_tensors="pt", return_dict=True)["input_ids"]
+    template = chat_template_for(target.tokenizer, None)
+    input_ids = torch.tensor([chat_ids(target.tokenizer, DEMO_CHAT, template, generation_prompt=False)])
     start = time.perf_counter()
     captured = capture_hidden_states(target.model, layout, input_ids)
     elapsed = time.perf_counter() - start

@@ -33,10 +33,11 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_dir(path: Path) -> Iterator[Path]:
+def atomic_dir(path: Path, replace: bool = True) -> Iterator[Path]:
     """Yield a temporary sibling directory to fill; on success fsync every file in it and put it in ``path``'s
     place (an older ``path`` is removed first), then fsync the parent. A crash leaves the old directory or
-    none, plus at most a hidden temporary one, never a half-written ``path``."""
+    none, plus at most a hidden temporary one, never a half-written ``path``. ``replace=False``: a ``path``
+    that another writer completed meanwhile is kept and this one dropped (for caches of identical content)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -49,8 +50,13 @@ def atomic_dir(path: Path) -> Iterator[Path]:
                 with open(file, "rb") as f:
                     os.fsync(f.fileno())
         _fsync_dir(tmp)
-        shutil.rmtree(path, ignore_errors=True)
-        os.rename(tmp, path)
+        if replace:
+            shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if replace or not path.is_dir():
+                raise
         _fsync_dir(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

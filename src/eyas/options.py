@@ -35,6 +35,12 @@ def remote_code() -> Any:
     return option(False, "allow (and run) model code shipped with the target")
 
 
+def chat_template_file() -> Any:
+    """The ``chat_template`` field of every command that renders prompts (prepare, bench, generate)."""
+    return option(None, "a Jinja chat template file to render prompts with instead of the target's own (needed for a "
+                  "target without one, such as a base model)")
+
+
 @dataclass(kw_only=True)
 class EngineOptions:
     """How eyas' engine decodes (``eyas bench``, ``eyas generate``): sampling, answer length, device, CUDA graphs."""
@@ -46,6 +52,7 @@ class EngineOptions:
     seed: int = option(0, "sampling seed")
     device: str | None = option(None, "cuda or cpu (default: cuda when available)")
     trust_remote_code: bool = remote_code()
+    chat_template: Path | None = chat_template_file()
     graphs: bool = option(True, "on CUDA, replay decoding rounds from CUDA graphs", flag="--graphs/--no-graphs")
     compile: bool = option(False, "on CUDA, fuse each decoding round with torch.compile before recording it "
                            "(faster rounds; each mode compiles once)", flag="--compile/--no-compile")

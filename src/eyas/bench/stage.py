@@ -11,6 +11,7 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     from eyas.bench.report import REPORT_FILES, write_report
     from eyas.bench.run import parse_modes, run_bench
     from eyas.data.benchmarks import load_prompts
+    from eyas.data.render import read_chat_template
     from eyas.engine.acceptance import Sampling
     from eyas.engine.loading import load_engine, load_target_for
     from eyas.manifest import clear_manifest, input_record, verify_stage_dir, write_manifest
@@ -19,11 +20,12 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     from eyas.target.loading import load_target_config
 
     modes = parse_modes(options.modes)
+    template = read_chat_template(options.chat_template)
     if options.data is not None:
         verify_stage_dir(options.data, "prepare")
     target = load_target_for(options.draft, options.target, device=options.device, trust_remote_code=options.trust_remote_code)
     chosen, dropped = load_prompts(list(options.datasets), target.tokenizer, options.data, options.prompts,
-                                   options.max_prompt_tokens)
+                                   options.max_prompt_tokens, template)
     if not chosen:
         raise EyasError(f"no prompts left to benchmark (dropped: {dropped})")
     # caches sized to the longest chosen prompt, not to --max-prompt-tokens: static-shape attention (CUDA graphs)

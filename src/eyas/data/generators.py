@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from eyas.data.render import ChatTemplateError, chat_ids, chat_template_for
 from eyas.errors import EyasError
 
 if TYPE_CHECKING:
@@ -56,13 +57,11 @@ class GenerationError(EyasError):
 class HFGenerator:
     """Answers with a transformers model: chat template, left-padded batches, greedy or sampled."""
 
-    def __init__(self, model: Any, tokenizer: Any, options: RegenerationOptions):
+    def __init__(self, model: Any, tokenizer: Any, options: RegenerationOptions, chat_template: str | None = None):
         if tokenizer is None:
             raise EyasError("regeneration needs the target's tokenizer, and this target ships none; "
                             "point the target at a directory with tokenizer files, or use --server")
-        if not getattr(tokenizer, "chat_template", None):
-            raise EyasError("the target's tokenizer has no chat template, so there is no way to prompt it as a chat; "
-                            "use a chat/instruct model, or regenerate through a --server that applies one")
+        self.template = chat_template_for(tokenizer, chat_template)
         self.model, self.tokenizer, self.options = model, tokenizer, options
         from eyas.target.loading import stop_ids
 
@@ -79,7 +78,9 @@ class HFGenerator:
         encoded: dict[int, list[int]] = {}
         for i, messages in enumerate(prompts):
             try:
-                encoded[i] = self._encode(messages)
+                encoded[i] = chat_ids(self.tokenizer, messages, self.template)
+            except ChatTemplateError:
+                raise  # the template itself is broken: every prompt would fail
             except Exception as err:  # a template may reject one conversation (raise_exception): fail only that one
                 results[i] = GenerationError(f"chat template failed: {err}")
         order = sorted(encoded, key=lambda i: -len(encoded[i]))
@@ -92,12 +93,6 @@ class HFGenerator:
             log.info("generated %d answers (prompts up to %d tokens) in %.1f s", len(batch),
                      max(len(encoded[i]) for i in batch), time.perf_counter() - started)
         return results  # type: ignore[return-value]  # every slot is filled above
-
-    def _encode(self, messages: Messages) -> list[int]:
-        """Render with the chat template (generation prompt on) and tokenize without extra specials."""
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        # The template already carries BOS etc.; add_special_tokens would double them.
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _generate_batch(self, rows: list[list[int]]) -> list[Answer | Exception]:
         """One ``model.generate`` call; on CUDA out-of-memory, split the batch in halves."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import option, remote_code
+from eyas.options import chat_template_file, option, remote_code
 
 
 @dataclass
@@ -44,7 +44,7 @@ class PrepareOptions:
     overflow: str = option("truncate", "what to do with longer samples: truncate or drop", flag="--on-overflow")
     holdout: float = option(0.05, "fraction held out for evaluation (chosen by a hash of the sample id)")
     draft_vocab_size: int = option(32000, "draft vocabulary size Vd (identity when ≥ the target's vocabulary)")
-    chat_template: Path | None = option(None, "a Jinja file overriding the target's template")
+    chat_template: Path | None = chat_template_file()
     limit: int | None = option(None, "use only the first N usable conversations")
     regenerate: bool = option(False, "replace every assistant turn by the target's own answer")
     regeneration: RegenerationOptions = option(factory=RegenerationOptions)

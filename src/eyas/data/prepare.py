@@ -22,7 +22,7 @@ from eyas.data.conversation import Conversation, Skip
 from eyas.data.options import PrepareOptions
 from eyas.data.readers import read_source
 from eyas.data.regenerate_workers import regenerate_in_dir
-from eyas.data.render import ChatRenderer, RenderError
+from eyas.data.render import ChatRenderer, RenderError, read_chat_template
 from eyas.data.samples import Sample, write_samples
 from eyas.data.vocab import VOCAB_FILE, build_draft_vocab, count_masked_tokens, save_vocab
 from eyas.errors import EyasError
@@ -59,13 +59,13 @@ def prepare(options: PrepareOptions) -> PrepareStats:
     from eyas.target.loading import load_target_config, load_tokenizer
 
     _check_options(options)
+    template = read_chat_template(options.chat_template)  # a missing file fails before the target is loaded
     started = time.perf_counter()
     out = Path(options.out)
     config, source = load_target_config(options.target, options.trust_remote_code)
     tokenizer = load_tokenizer(source, options.trust_remote_code)
     if tokenizer is None:
         raise EyasError(f"target {options.target!r} ships no tokenizer at {source}; prepare needs one")
-    template = options.chat_template.read_text(encoding="utf-8") if options.chat_template else None
     renderer = ChatRenderer(tokenizer, template)
     fingerprint = _fingerprint(options, tokenizer, renderer.template)
     if not options.force and _already_prepared(out, fingerprint):
@@ -76,7 +76,7 @@ def prepare(options: PrepareOptions) -> PrepareStats:
     if options.regenerate:
         conversations = _clip_for_regeneration(conversations, renderer, options.max_length, stats)
         conversations, regen = regenerate_in_dir(conversations, out, options.target, options.regeneration,
-                                                 workers=options.workers)
+                                                 workers=options.workers, chat_template=renderer.template)
         stats.regeneration = asdict(regen)
     samples = _render_all(conversations, renderer, options, stats)
     train, holdout = _split(samples, options.holdout)

@@ -53,8 +53,9 @@ class JournalError(EyasError):
     """The journal cannot be used: unreadable, written for other data, or held by another run."""
 
 
-def make_generator(options: RegenerationOptions, target_spec: str | None) -> TurnGenerator:
-    """The server generator when ``options.server`` is set, else the target loaded in-process."""
+def make_generator(options: RegenerationOptions, target_spec: str | None, chat_template: str | None = None) -> TurnGenerator:
+    """The server generator when ``options.server`` is set (the server applies its own template), else the target
+    loaded in-process, prompted with ``chat_template`` (a --chat-template file's text) or its tokenizer's."""
     if options.server:
         return OpenAIServerGenerator(options)
     if not target_spec:
@@ -62,7 +63,7 @@ def make_generator(options: RegenerationOptions, target_spec: str | None) -> Tur
     from eyas.target.loading import load_target
 
     target = load_target(target_spec)
-    return HFGenerator(target.model, target.tokenizer, options)
+    return HFGenerator(target.model, target.tokenizer, options, chat_template)
 
 
 def regenerate(

@@ -84,11 +84,13 @@ def regenerate_in_dir(
     options: RegenerationOptions,
     workers: int | None = 1,
     progress: bool = True,
+    chat_template: str | None = None,
 ) -> tuple[list[Conversation], RegenerationStats]:
     """Regenerate what no journal in ``out`` holds yet; return every finished conversation in input order.
 
     ``workers`` > 1 (or None: one per visible GPU) runs that many worker processes, one per GPU; a
-    server (``options.server``) or a single GPU runs in this process.
+    server (``options.server``) or a single GPU runs in this process. ``chat_template``: the text the
+    in-process target is prompted with instead of its tokenizer's (prepare's --chat-template).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -96,10 +98,10 @@ def regenerate_in_dir(
     todo = [c for c in conversations if c.id not in finished]
     gpus = [] if options.server else worker_gpus(workers)
     if len(gpus) <= 1 or not todo:
-        generator = make_generator(options, target_spec) if todo else None
+        generator = make_generator(options, target_spec, chat_template) if todo else None
         done, stats = regenerate(todo, out / SINGLE_JOURNAL, generator, options, progress=progress)
     else:
-        stats, written = _run_workers(todo, out, target_spec, options, gpus, progress)
+        stats, written = _run_workers(todo, out, target_spec, options, gpus, progress, chat_template)
         done = _read_journals(written, todo).values()  # what the worker processes journaled
     stats.conversations_resumed = len(conversations) - len(todo)
     for conversation in done:
@@ -110,11 +112,11 @@ def regenerate_in_dir(
 # --------------------------------------------------------------------------- the parent's side
 
 
-def _run_workers(todo, out: Path, target_spec, options, gpus: list[str],
-                 progress: bool) -> tuple[RegenerationStats, list[Path]]:
+def _run_workers(todo, out: Path, target_spec, options, gpus: list[str], progress: bool,
+                 chat_template: str | None = None) -> tuple[RegenerationStats, list[Path]]:
     """Start one worker per GPU on every len(gpus)-th conversation, follow their journals; return the
     summed stats and the journals written."""
-    write_json_atomic(out / "regenerate-options.json", asdict(options))
+    write_json_atomic(out / "regenerate-options.json", {**asdict(options), "chat_template": chat_template})
     procs = []
     try:
         for i, gpu in enumerate(gpus):
@@ -200,11 +202,13 @@ def _worker_main(argv: list[str]) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # the worker's log: one line per batch
     input_path, journal, options_path, target, stats_path = argv
-    options = RegenerationOptions(**json.loads(Path(options_path).read_text(encoding="utf-8")))
+    raw = json.loads(Path(options_path).read_text(encoding="utf-8"))
+    chat_template = raw.pop("chat_template", None)  # prepare's --chat-template, beside the options
+    options = RegenerationOptions(**raw)
     conversations = [Conversation.from_json(json.loads(line))
                      for line in Path(input_path).read_bytes().split(b"\n") if line.strip()]  # not splitlines():
     # that also splits at U+2028 and friends, which JSON written with ensure_ascii=False keeps raw in strings
-    generator = make_generator(options, target or None)
+    generator = make_generator(options, target or None, chat_template)
     _, stats = regenerate(conversations, Path(journal), generator, options, progress=False)
     write_json_atomic(Path(stats_path), asdict(stats))
 

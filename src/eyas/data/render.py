@@ -1,5 +1,8 @@
 """Render a conversation with the target's chat template and mark exactly the assistant's tokens.
 
+Which template renders, everywhere prompts are rendered (prepare, regeneration, bench, generate), is
+one rule here: a ``--chat-template`` FILE's, else the tokenizer's, else one line saying what to pass.
+
 The loss mask is derived from the template itself, never from hard-coded header strings:
 
 1. Render the whole conversation once. For each assistant turn ``i`` render the messages before it
@@ -18,6 +21,7 @@ The loss mask is derived from the template itself, never from hard-coded header 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from eyas.data.conversation import Conversation
 from eyas.errors import EyasError
@@ -28,6 +32,78 @@ _EOT_LOOKAHEAD = 3
 
 class RenderError(EyasError):
     """One conversation cannot be rendered with this template (counted as a skip, not fatal)."""
+
+
+class ChatTemplateError(EyasError):
+    """No usable chat template: none given and none in the tokenizer, or a file that cannot be used (fatal)."""
+
+
+# --------------------------------------------------------------------------- the template, and prompts
+
+
+def read_chat_template(path: Path | None) -> str | None:
+    """The text of a ``--chat-template`` FILE (None when none is given); one line naming the file if it is unusable."""
+    if path is None:
+        return None
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ChatTemplateError(f"--chat-template {path} does not exist; give a Jinja chat template file") from None
+    except IsADirectoryError:
+        raise ChatTemplateError(f"--chat-template {path} is a directory; give a Jinja chat template file") from None
+    except UnicodeDecodeError:
+        raise ChatTemplateError(f"--chat-template {path} is not UTF-8 text; a chat template is a Jinja text file") from None
+    except OSError as err:
+        raise ChatTemplateError(f"--chat-template {path} cannot be read ({err.strerror or err}); check the file and "
+                                "its permissions") from None
+    if not text.strip():
+        raise ChatTemplateError(f"--chat-template {path} is empty; give a Jinja chat template file")
+    from jinja2 import TemplateSyntaxError
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    try:  # compiled as transformers compiles it, so a syntax error names this file, not a conversation
+        render_jinja_template([[{"role": "user", "content": "hi"}]], chat_template=text, add_generation_prompt=True)
+    except TemplateSyntaxError as err:
+        raise ChatTemplateError(f"--chat-template {path} is not valid Jinja (line {err.lineno}: {err.message}); "
+                                "fix the file") from None
+    except Exception:  # noqa: BLE001 — it compiles; refusing this probe conversation is the template's right
+        pass
+    return text
+
+
+def chat_template_for(tokenizer, template: str | None) -> str:
+    """The template prompts are rendered with: ``template`` (a --chat-template file's text), else the tokenizer's."""
+    if tokenizer is None:
+        raise ChatTemplateError("the target has no tokenizer, so prompts cannot be rendered; point --target at a "
+                                "directory with tokenizer files, or a GGUF")
+    chosen = template or getattr(tokenizer, "chat_template", None)
+    if not chosen:
+        raise ChatTemplateError("the target's tokenizer has no chat template (a base model?); pass one with "
+                                "--chat-template FILE (a Jinja file, e.g. examples/chat-template.jinja)")
+    return chosen
+
+
+def chat_ids(tokenizer, messages: list[dict], template: str, generation_prompt: bool = True) -> list[int]:
+    """``messages`` rendered with ``template`` (by default with the generation prompt, as a prompt) as token ids.
+
+    Tokenized without added specials: the template writes BOS and friends itself."""
+    text = _apply(tokenizer, messages, template, generation_prompt)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _apply(tokenizer, messages: list[dict], template: str, generation_prompt: bool) -> str:
+    """The template's text for ``messages``: a template that does not parse is fatal, a refused conversation not."""
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
+    except TemplateSyntaxError as err:
+        raise ChatTemplateError(f"the chat template is not valid Jinja (line {err.lineno}: {err.message}); pass a "
+                                "valid one with --chat-template FILE") from None
+    except Exception as err:  # noqa: BLE001 — jinja raise_exception and friends: this conversation only
+        raise RenderError(f"chat template error: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
 
 
 @dataclass
@@ -43,11 +119,7 @@ class ChatRenderer:
     """Renders conversations with one tokenizer and chat template; computes loss masks."""
 
     def __init__(self, tokenizer, chat_template: str | None = None):
-        template = chat_template or getattr(tokenizer, "chat_template", None)
-        if not template:
-            raise EyasError(
-                "the target's tokenizer has no chat template; pass one with --chat-template FILE (a Jinja file)"
-            )
+        template = chat_template_for(tokenizer, chat_template)
         if not getattr(tokenizer, "is_fast", False):
             raise EyasError("loss masks need a fast tokenizer (character offsets); this target's tokenizer is not one")
         self.tokenizer = tokenizer
@@ -56,12 +128,7 @@ class ChatRenderer:
 
     def text(self, messages: list[dict], generation_prompt: bool = False) -> str:
         """The template's rendering of ``messages`` as text."""
-        try:
-            return self.tokenizer.apply_chat_template(
-                messages, chat_template=self.template, tokenize=False, add_generation_prompt=generation_prompt
-            )
-        except Exception as err:  # noqa: BLE001 — jinja raise_exception and friends: per-conversation skip
-            raise RenderError(f"chat template error: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
+        return _apply(self.tokenizer, messages, self.template, generation_prompt)
 
     def render(self, conversation: Conversation) -> Rendered:
         """Token ids and assistant-only loss mask of one conversation."""

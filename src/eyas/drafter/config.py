@@ -19,12 +19,15 @@ class DrafterConfig:
     vocab_size: int  # V, the target's vocabulary (token embedding rows)
     draft_vocab_size: int  # Vd, the drafter's lm_head rows
     max_position_embeddings: int
-    rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    rope_parameters: dict = field(default_factory=dict)  # one flat RoPE (drafter_rope), whatever it is given
     layer_ids: list[int] = field(default_factory=list)  # eyas ids of the aux states, low → high
     hidden_act: str = "silu"
     # speculators-format drafters may add the normed hidden as the residual (vLLM honours it, SGLang
     # does not); eyas trains and exports False, and imports True only to measure such drafters
     norm_before_residual: bool = False
+
+    def __post_init__(self):
+        self.rope_parameters = drafter_rope(self.rope_parameters)
 
     @property
     def aux_width(self) -> int:
@@ -52,6 +55,24 @@ class DrafterConfig:
         )
 
 
+def drafter_rope(rope: dict | None, theta: float = 10000.0) -> dict:
+    """The one RoPE the drafter's layer rotates with (training, eyas' engine and the export alike), flat.
+
+    A target with one RoPE per layer type (Gemma 3: sliding layers θ = 1e4, full-attention layers 1e6)
+    gives its full-attention one: the drafter's layer attends over the whole context. A per-layer-type
+    dict that also carries top-level entries (drafter configs written by earlier eyas) keeps those, which
+    are what that drafter was trained with. Engines read a flat dict (SGLang and vLLM hash its values).
+    """
+    rope = dict(rope or {})
+    flat = {key: value for key, value in rope.items() if not isinstance(value, dict)}
+    nested = {key: value for key, value in rope.items() if isinstance(value, dict)}
+    if nested and not flat:
+        flat = dict(nested.get("full_attention") or next(iter(nested.values())))
+    flat["rope_type"] = flat.get("rope_type") or flat.pop("type", None) or "default"
+    flat["rope_theta"] = float(flat.get("rope_theta") or theta)
+    return flat
+
+
 def drafter_config_from_target(target_config, layer_ids, draft_vocab_size: int, hidden_size: int | None = None) -> DrafterConfig:
     """Attention heads, MLP width, norm epsilon and RoPE (scaling included) follow the target's text config."""
     from eyas.target.layout import text_config
@@ -65,9 +86,7 @@ def drafter_config_from_target(target_config, layer_ids, draft_vocab_size: int, 
         heads = max(1, hidden // head_dim)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
     kv_heads = kv_heads if heads % kv_heads == 0 else heads
-    rope = dict(getattr(cfg, "rope_parameters", None) or {})
-    rope.setdefault("rope_type", rope.get("type", "default"))
-    rope.setdefault("rope_theta", float(getattr(cfg, "rope_theta", 10000.0)))
+    rope = drafter_rope(getattr(cfg, "rope_parameters", None), getattr(cfg, "rope_theta", None) or 10000.0)
     intermediate = int(getattr(cfg, "intermediate_size", 4 * hidden))
     return DrafterConfig(
         hidden_size=hidden, target_hidden_size=target_hidden, num_attention_heads=heads, num_key_value_heads=min(kv_heads, heads),

@@ -173,6 +173,9 @@ def _check_config(config: dict, result: CheckResult) -> None:
                                  "run it, and eyas cannot measure it); drafters that load everywhere leave it unset")
     if config.get("norm_before_residual"):
         result.warnings.append("norm_before_residual is true: SGLang ignores it and runs the drafter differently from vLLM")
+    if any(isinstance(value, dict) for value in (config.get("rope_parameters") or {}).values()):
+        result.errors.append("rope_parameters is nested (one RoPE per layer type): vLLM and SGLang key their RoPE cache on "
+                             "its values and fail; write the one flat RoPE the drafter was trained with")
 
 
 def _check_speculators(config: dict, result: CheckResult) -> None:

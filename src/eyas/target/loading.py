@@ -34,15 +34,24 @@ class Target:
     source: str  # the directory or hub id that was loaded
 
 
+def gguf_file(spec: str) -> Path | None:
+    """The GGUF file a target spec names (``demo``'s, or a path ending in ``.gguf``), or None for other specs."""
+    if spec == "demo":
+        return demo_gguf_path()
+    path = Path(spec).expanduser()
+    if path.suffix != ".gguf":
+        return None
+    if not path.is_file():
+        raise TargetNotFoundError(f"target {spec!r}: GGUF file {path} does not exist")
+    return path
+
+
 def resolve_target(spec: str) -> str:
     """Turn a target spec into a local HF directory or a hub id (converting GGUF/demo once)."""
-    if spec == "demo":
-        return str(ensure_hf_dir_from_gguf(demo_gguf_path()))
+    gguf = gguf_file(spec)
+    if gguf is not None:
+        return str(ensure_hf_dir_from_gguf(gguf))
     path = Path(spec).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise TargetNotFoundError(f"target {spec!r}: GGUF file {path} does not exist")
-        return str(ensure_hf_dir_from_gguf(path))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise TargetNotFoundError(
