@@ -154,7 +154,7 @@ def test_disk_planning_refuses_when_short_and_max_gb_caps(target_and_data, tmp_p
 def test_rerun_with_other_settings_is_refused(target_and_data, tmp_path):
     target, data = target_and_data
     capture(options(target, data, tmp_path / "f"))
-    with pytest.raises(EyasError, match="other settings.*dtype"):
+    with pytest.raises(EyasError, match="other inputs or settings.*dtype"):
         capture(options(target, data, tmp_path / "f", dtype="bf16"))
 
 
