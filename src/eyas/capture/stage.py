@@ -101,6 +101,7 @@ def capture(options: CaptureOptions) -> CaptureReport:
                        ", cap it with --max-gb, store --dtype fp8 (half of bf16)")
     print(f"capture (rank {rank}): about {human_bytes(report.estimated_bytes)} to write, {human_bytes(free)} free at {out}",
           flush=True)
+    out.mkdir(parents=True, exist_ok=True)
 
     states = _state_source(options, source, layer_ids, device, num_layers, todo, samples)
     records = list(done.values())
@@ -168,7 +169,6 @@ def _resume_state(out: Path, manifest: StoreManifest, force: bool, rank: int) ->
     # a complete store is done unless shards went missing (deleted because a check found them bad): those are redone
     if any(m.complete and all(intact(r) for r in m.shards) for m in existing):
         return None
-    out.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out)  # a shard being written when the last run died
     return {record.file: record for old in existing for record in old.shards if intact(record)}
 
