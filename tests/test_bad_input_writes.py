@@ -50,12 +50,14 @@ def invoke(args: list[str]):
     return CliRunner().invoke(app, args)
 
 
-def refused(result, path: Path) -> str:
-    """The refusal's one line: exit status 2, a single line of output, starting 'error:' and naming ``path``."""
+def refused(result, path: Path, alone: bool = True) -> str:
+    """The refusal's one line: exit status 2, one line starting 'error:' and naming ``path``; ``alone``: the only output
+    (else progress lines of the work done before may precede it)."""
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and str(path) in lines[0], result.output
-    return lines[0]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and str(path) in errors[0] and (len(lines) == 1 or not alone), result.output
+    return errors[0]
 
 
 def tree(directory: Path) -> dict[str, str]:
@@ -156,7 +158,7 @@ def test_too_little_free_space_is_refused_before_writing(dirs, stage, tmp_path, 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(eyas.outputs.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
     out = tmp_path / "out"
-    line = refused(invoke(command(stage, dirs, out)), out)
+    line = refused(invoke(command(stage, dirs, out)), out, alone=stage != "prepare")  # prepare counts the tokens first
     assert "not enough disk" in line and "1000 B are free" in line and "needs about" in line
     assert not out.exists()
 
@@ -177,10 +179,8 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_no_temporary_dir
         return real_save(tensors, path, *rest, **kwargs)
 
     monkeypatch.setattr(eyas.train.checkpoint, "save_file", save_until_the_disk_is_full)
-    result = invoke(args)
-    assert result.exit_code == 2, result.output
-    (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert str(run / "checkpoints" / "step-00000004") in line and "No space left on device" in line
+    line = refused(invoke(args), run / "checkpoints" / "step-00000004", alone=False)  # after the steps' progress
+    assert "No space left on device" in line
     assert "(step-00000002) is intact" in line and "--resume" in line
     assert tree(run / "checkpoints") == kept  # step 2 and latest.json as they were; no temporary directory
     assert sorted(os.listdir(run / "checkpoints")) == ["latest.json", "step-00000002"]
