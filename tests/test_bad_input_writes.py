@@ -69,6 +69,7 @@ def tree(directory: Path) -> dict[str, str]:
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("kind", ["a file", "under a file", "read-only"])
 def test_every_stage_checks_its_out_before_any_work(dirs, stage, kind, tmp_path, monkeypatch):
+    import eyas.engine.loading
     import eyas.target.loading
 
     place = tmp_path / "place"
@@ -88,7 +89,8 @@ def test_every_stage_checks_its_out_before_any_work(dirs, stage, kind, tmp_path,
     def no_target(*args, **kwargs):
         raise AssertionError("the target was loaded before --out was checked")
 
-    monkeypatch.setattr(eyas.target.loading, "load_target", no_target)  # bench: nothing runs before REPORT_DIR is checked
+    for module, name in ((eyas.target.loading, "load_target"), (eyas.engine.loading, "load_target_for")):
+        monkeypatch.setattr(module, name, no_target)  # bench: nothing runs before REPORT_DIR is checked
     before = tree(place)
     line = refused(invoke(command(stage, dirs, out)), out)
     assert {"a file": "is a file", "under a file": "lies under", "read-only": "Read-only file system"}[kind] in line
