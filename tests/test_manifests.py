@@ -183,7 +183,7 @@ def test_capture_resumes_into_a_store_whose_data_dir_moved_and_refuses_other_dat
 
     other = tmp_path / "elsewhere" / "manifest.json"
     other.write_text(other.read_text().replace('"max_length": 64', '"max_length": 65'))
-    with pytest.raises(EyasError, match="other settings.*data"):
+    with pytest.raises(EyasError, match="other inputs or settings.*data"):
         capture(CaptureOptions(target=target, data=tmp_path / "elsewhere", out=features, dtype="fp32", token_budget=256,
                                max_batch=4, shard_mb=0))
 

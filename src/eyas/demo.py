@@ -20,6 +20,7 @@ from rich.console import Console
 
 from eyas.config import RunConfig, build_config
 from eyas.pipeline import run_pipeline
+from eyas.stages import exit_code
 
 DEMO_CHAT = [
     {"role": "system", "content": "You are a concise assistant."},
@@ -55,7 +56,7 @@ def run_demo(console: Console, out: Path, quick: bool = False) -> None:
     config = demo_config(out, quick)
     _show_target(console)
     results = run_pipeline(config, console)
-    if "bench" not in results:  # stopped early (training interrupted); the pipeline said why
+    if "bench" not in results or exit_code(results["bench"]):  # stopped early (interrupted); the pipeline said why
         return
     console.rule(f"eyas check {config.folder('export')}")
     _check_draft(console, config.folder("export"))

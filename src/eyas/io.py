@@ -14,12 +14,36 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
+def temp_sibling(path: Path) -> Path:
+    """The hidden name an atomic write fills before renaming it to ``path``: ``.NAME.tmp-PID``."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def is_temp_name(name: str) -> bool:
+    """True for a name :func:`temp_sibling` makes (what a killed writer leaves behind)."""
+    return name.startswith(".") and ".tmp-" in name
+
+
+def remove_stale_temps(directory: Path) -> None:
+    """Remove the temporary files and directories that writers killed mid-write left in ``directory`` (kill -9
+    skips their cleanup); call it before writing there again, from the one process that writes."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    for stale in directory.iterdir():
+        if is_temp_name(stale.name):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+
+
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a temporary sibling path to write; on success fsync it and rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_sibling(path)
     try:
         yield tmp
         with open(tmp, "rb") as f:
@@ -40,7 +64,7 @@ def atomic_dir(path: Path, replace: bool = True) -> Iterator[Path]:
     that another writer completed meanwhile is kept and this one dropped (for caches of identical content)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_sibling(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:

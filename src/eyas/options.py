@@ -41,6 +41,12 @@ def chat_template_file() -> Any:
                   "target without one, such as a base model)")
 
 
+def force_option() -> Any:
+    """The ``--force`` field of every stage that writes a directory (:func:`eyas.outputs.claim_out`): one meaning."""
+    return option(False, "replace what --out already holds (other data, or this stage's earlier output: finished, made "
+                  "from other inputs, or a run --resume would continue) and skip the free-space check")
+
+
 @dataclass(kw_only=True)
 class EngineOptions:
     """How eyas' engine decodes (``eyas bench``, ``eyas generate``): sampling, answer length, device, CUDA graphs."""

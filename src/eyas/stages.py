@@ -84,6 +84,10 @@ def _bench(options: BenchOptions, console: Console) -> Any:
 
     result, header = bench_stage(options)
     console.print(markdown(result, header), soft_wrap=True, highlight=False)
+    if result.partial:
+        console.print(f"{result.partial}: wrote the partial report to {options.out}/report.json, report.md, acceptance.png "
+                      "(no manifest.json); the same command measures every prompt", soft_wrap=True, highlight=False)
+        return result
     console.print(f"wrote {options.out}/report.json, report.md, acceptance.png", soft_wrap=True, highlight=False)
     return result
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import EngineOptions, option
+from eyas.options import EngineOptions, force_option, option
 
 
 @dataclass
@@ -29,3 +29,4 @@ class BenchOptions(EngineOptions):
     max_prompt_tokens: int = option(1024, "longer prompts are skipped and counted")
     repeats: int = option(1, "decode each prompt this many times per decoder, taking turns; each prompt's median time "
                           "counts (steadier speedups on a busy machine)")
+    force: bool = force_option()

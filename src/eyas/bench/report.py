@@ -43,6 +43,8 @@ def speedup_text(row: dict) -> str:
 
 def markdown(result: BenchResult, header: dict) -> str:
     lines = [f"# eyas bench — {header.get('target')} with {header.get('draft')}", ""]
+    if result.partial:
+        lines += [f"**Partial report**: {result.partial}; the figures cover those prompts only.", ""]
     lines += [f"- {k}: {v}" for k, v in {**header, **result.settings}.items()]
     lines += ["", "| dataset | mode | prompts | τ | tok/s spec | tok/s plain | speedup | greedy == plain |",
               "|---|---|---|---|---|---|---|---|"]
@@ -81,7 +83,7 @@ def write_report(result: BenchResult, out: Path, header: dict) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "report.json", {
-        **header, "settings": result.settings, "rows": rows(result),
+        **header, "partial": result.partial, "settings": result.settings, "rows": rows(result),
         "datasets": {name: [m.to_dict() for m in results] for name, results in result.datasets.items()},
     })
     with atomic_path(out / "report.md") as tmp:

@@ -79,10 +79,16 @@ class ModeResult:
 
 @dataclass
 class BenchResult:
-    """Per dataset: the baseline and each speculative mode."""
+    """Per dataset: the baseline and each speculative mode; ``partial`` says why a run measured only some prompts."""
 
     datasets: dict[str, list[ModeResult]]
     settings: dict
+    partial: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """For the command line: 130 (the shell's Ctrl-C) when the run was interrupted."""
+        return 130 if self.partial else 0
 
 
 def _synchronize(device: torch.device) -> None:
@@ -111,32 +117,40 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
         generate(target, warm, 4, sampling=sampling)
         for mode in modes:
             generate(target, warm, 4, drafter, mode, sampling)
-    for prompt in prompts:
-        results = datasets.setdefault(prompt.dataset, [ModeResult("plain"), *(ModeResult(m.label()) for m in modes)])
-        ids = torch.tensor([prompt.input_ids])
-        decoders = [lambda ids=ids: generate(target, ids, max_new_tokens, sampling=sampling, stop_ids=stop_ids)]
-        decoders += [lambda ids=ids, mode=mode: generate(target, ids, max_new_tokens, drafter, mode, sampling, stop_ids)
-                     for mode in modes]
-        times: list[list[float]] = [[] for _ in decoders]
-        for _ in range(repeats):  # the decoders take turns, so a slow spell of the machine hits each of them
-            outputs = []
-            for decoder, seconds in zip(decoders, times, strict=True):
-                output, took = timed(device, decoder)
-                outputs.append(output)
-                seconds.append(took)
-        plain = outputs[0]  # the last turn's outputs: greedy ones are the same every turn, sampled ones share the seed
-        for result, output, seconds in zip(results, outputs, times, strict=True):
-            _add(result, output, statistics.median(seconds))
-            if result is not results[0] and sampling.greedy:
-                result.matches_plain = (result.matches_plain or 0) + (output.tokens == plain.tokens)
-        if progress is not None:
-            progress(1)
+    done, partial = 0, None
+    try:
+        for prompt in prompts:
+            ids = torch.tensor([prompt.input_ids])
+            decoders = [lambda ids=ids: generate(target, ids, max_new_tokens, sampling=sampling, stop_ids=stop_ids)]
+            decoders += [lambda ids=ids, mode=mode: generate(target, ids, max_new_tokens, drafter, mode, sampling, stop_ids)
+                         for mode in modes]
+            times: list[list[float]] = [[] for _ in decoders]
+            for _ in range(repeats):  # the decoders take turns, so a slow spell of the machine hits each of them
+                outputs = []
+                for decoder, seconds in zip(decoders, times, strict=True):
+                    output, took = timed(device, decoder)
+                    outputs.append(output)
+                    seconds.append(took)
+            # a prompt counts once every decoder has decoded it: one interrupted midway is left out whole
+            results = datasets.setdefault(prompt.dataset, [ModeResult("plain"), *(ModeResult(m.label()) for m in modes)])
+            plain = outputs[0]  # the last turn's outputs: greedy ones are the same every turn, sampled ones share the seed
+            for result, output, seconds in zip(results, outputs, times, strict=True):
+                _add(result, output, statistics.median(seconds))
+                if result is not results[0] and sampling.greedy:
+                    result.matches_plain = (result.matches_plain or 0) + (output.tokens == plain.tokens)
+            done += 1
+            if progress is not None:
+                progress(1)
+    except KeyboardInterrupt:
+        if not done:  # nothing measured: nothing to report
+            raise
+        partial = f"interrupted (Ctrl-C) after {done} of {len(prompts)} prompts"
     for results in datasets.values():
         for result in results[1:]:
             result.accepted_per_position = [x / max(1, result.rounds) for x in result.accepted_per_position]
     settings = {"modes": [m.label() for m in modes], "temperature": sampling.temperature, "top_p": sampling.top_p,
                 "max_new_tokens": max_new_tokens, "device": str(device), "repeats": repeats}
-    return BenchResult(datasets=datasets, settings=settings)
+    return BenchResult(datasets=datasets, settings=settings, partial=partial)
 
 
 def _add(result: ModeResult, generation: Generation, seconds: float) -> None:

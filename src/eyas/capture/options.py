@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import option, remote_code
+from eyas.options import force_option, option, remote_code
 
 
 def _writer_threads() -> int:
@@ -33,7 +33,7 @@ class CaptureOptions:
     max_batch: int = option(64, "most sequences per forward batch")
     shard_mb: int = option(256, "approximate shard size in MiB")
     max_gb: float | None = option(None, "cap the store size: samples beyond it are left out")
-    force: bool = option(False, "discard an existing store / ignore the free-space check")
+    force: bool = force_option()
     engine: str = option("hf", "hf (in-process transformers) or vllm (vLLM's extract_hidden_states)")
     vllm_python: str | None = option(None, "python of the vLLM environment (engine vllm)")
     trust_remote_code: bool = remote_code()

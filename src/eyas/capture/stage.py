@@ -20,8 +20,9 @@ from eyas.data.samples import batch_inputs, read_samples
 from eyas.data.vocab import VOCAB_FILE
 from eyas.distributed import barrier, init_distributed
 from eyas.errors import EyasError
-from eyas.io import atomic_path, file_sha256
+from eyas.io import atomic_path, file_sha256, remove_stale_temps
 from eyas.manifest import MANIFEST, file_problem, input_record, manifest_fields, output_record, verify_stage_dir
+from eyas.outputs import check_space, claim_out, human_bytes, refuse_other_inputs, writing
 from eyas.progress import progress_bar
 from eyas.store.async_writer import ShardWriterPool
 from eyas.store.plan import ShardPlan, plan_shards
@@ -30,6 +31,9 @@ from eyas.target.facts import target_facts, target_input
 from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
 from eyas.target.loading import load_target_config
 from eyas.target.weights import weights_sha256
+
+SHARDS = "*-[0-9][0-9][0-9][0-9][0-9].safetensors"  # shard_name's files
+MARKERS = ("manifest.rank*.json", SHARDS, ".vllm")  # what a capture writes before its manifest.json
 
 
 @dataclass
@@ -57,9 +61,10 @@ def capture(options: CaptureOptions) -> CaptureReport:
         raise EyasError(f"--dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
     if options.engine not in ("hf", "vllm"):
         raise EyasError(f"--engine must be 'hf' or 'vllm', not {options.engine!r}")
+    out = Path(options.out)
+    claim_out(out, "capture", options.force, MARKERS)
     rank, world, device = init_distributed()
     report = CaptureReport(rank=rank, world_size=world)
-    out = Path(options.out)
     config, source = load_target_config(options.target, options.trust_remote_code)
     target = target_facts(options.target, config, source)
     target["weights_sha256"] = weights_sha256(options.target, options.trust_remote_code)  # training compares it
@@ -92,7 +97,11 @@ def capture(options: CaptureOptions) -> CaptureReport:
     report.shards_skipped = sum(1 for split, p in plans.items() for plan in p if plan.index % world == rank) - len(todo)
     todo_tokens = sum(len(samples[split][i].input_ids) for split, plan in todo for i in plan.samples)
     report.estimated_bytes = todo_tokens * per_token
-    _check_disk(out, report.estimated_bytes, options.force, rank)
+    free = check_space(out, report.estimated_bytes, options.force, "the capture",
+                       ", cap it with --max-gb, store --dtype fp8 (half of bf16)")
+    print(f"capture (rank {rank}): about {human_bytes(report.estimated_bytes)} to write, {human_bytes(free)} free at {out}",
+          flush=True)
+    out.mkdir(parents=True, exist_ok=True)
 
     states = _state_source(options, source, layer_ids, device, num_layers, todo, samples)
     records = list(done.values())
@@ -120,8 +129,7 @@ def capture(options: CaptureOptions) -> CaptureReport:
             for pack in states(split, plan):
                 packs.append(pack)
                 bar(pack.tokens)
-            path = out / shard_name(split, plan.index)
-            writers.submit(lambda p=path, k=packs: write_shard(p, k), recorder(split, plan, rows))
+            writers.submit(lambda p=out / shard_name(split, plan.index), k=packs: _write(p, k), recorder(split, plan, rows))
     report.capture_seconds = time.perf_counter() - loop_started
     _finish(out, data_dir, manifest, plans, world, rank)
     if options.engine == "vllm" and rank == 0:
@@ -144,32 +152,24 @@ def _load_samples(data_dir: Path, splits) -> dict:
 
 
 def _resume_state(out: Path, manifest: StoreManifest, force: bool, rank: int) -> dict[str, ShardRecord] | None:
-    """Shards already finished (by name); None when the store is complete. Refuses foreign stores."""
+    """Shards already finished (by name); None when the store is complete. Refuses stores made otherwise."""
     final = out / MANIFEST
     partials = sorted(out.glob("manifest.rank*.json")) if out.is_dir() else []
-    existing = [StoreManifest.load(p) for p in ([final] if final.is_file() else []) + partials]
-    if force:
-        if rank == 0:
-            for path in [*out.glob("*.safetensors"), *partials, final]:
-                path.unlink(missing_ok=True)
-        existing = []
+    existing = [] if force else [StoreManifest.load(p) for p in ([final] if final.is_file() else []) + partials]
+    if force and rank == 0:  # start over (what --out held may not be a store at all: claim_out let it through)
+        for path in [*out.glob(SHARDS), out / VOCAB_FILE, *partials, final]:
+            path.unlink(missing_ok=True)
     barrier()
     for old in existing:
-        if old.identity() != manifest.identity():
-            changed = [k for k, v in manifest.identity().items() if old.identity().get(k) != v]
-            raise EyasError(
-                f"{out} holds a capture made with other settings ({', '.join(changed)} differ); "
-                "use another --out, or --force to discard it and start over"
-            )
+        refuse_other_inputs(out, "capture", old.identity(), manifest.identity(), force)
+
     def intact(record: ShardRecord) -> bool:
         return file_problem(out / record.file, record.bytes, record.sha256, digest=False) is None
 
     # a complete store is done unless shards went missing (deleted because a check found them bad): those are redone
     if any(m.complete and all(intact(r) for r in m.shards) for m in existing):
         return None
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".*.tmp-*"):  # a shard being written when the last run died
-        stale.unlink(missing_ok=True)
+    remove_stale_temps(out)  # a shard being written when the last run died
     return {record.file: record for old in existing for record in old.shards if intact(record)}
 
 
@@ -189,16 +189,6 @@ def _cap(samples: dict, max_gb: float | None, per_token: int) -> tuple[dict, int
             else:
                 dropped += 1
     return kept, dropped
-
-
-def _check_disk(out: Path, needed: int, force: bool, rank: int) -> None:
-    free = shutil.disk_usage(out if out.exists() else out.parent).free
-    print(f"capture (rank {rank}): about {needed / 2**30:.2f} GiB to write, {free / 2**30:.1f} GiB free at {out}", flush=True)
-    if needed > free * 0.98 and not force:
-        raise EyasError(
-            f"not enough disk at {out}: the capture needs about {needed / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free; "
-            "free space, cap it with --max-gb, store --dtype fp8 (half of bf16), or --force to try anyway"
-        )
 
 
 def _state_source(options, source, layer_ids, device, num_layers, todo, samples):
@@ -224,6 +214,12 @@ def _state_source(options, source, layer_ids, device, num_layers, todo, samples)
                               captured.final[real], options.dtype, layers)
 
     return states
+
+
+def _write(path: Path, packs: list) -> tuple[int, str]:
+    """Write one shard (on a writer thread); a full disk ends the capture with one line, the finished shards kept."""
+    with writing(path, "the shards finished before it are kept: free space, then rerun the same command to resume"):
+        return write_shard(path, packs)
 
 
 def _finish(out: Path, data_dir: Path, manifest: StoreManifest, plans: dict, world: int, rank: int) -> None:

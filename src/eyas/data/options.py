@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import chat_template_file, option, remote_code
+from eyas.options import chat_template_file, force_option, option, remote_code
 
 
 @dataclass
@@ -51,5 +51,5 @@ class PrepareOptions:
     # not part of the fingerprint: the answers do not depend on how the conversations were spread over GPUs
     workers: int | None = option(None, "in-process regeneration: one worker (a copy of the target) per GPU, each answering "
                                  "every N-th conversation (default: every visible GPU)")
-    force: bool = option(False, "prepare again even if DATA_DIR already holds the same result")
+    force: bool = force_option()
     trust_remote_code: bool = remote_code()

@@ -27,10 +27,12 @@ from eyas.data.samples import Sample, write_samples
 from eyas.data.vocab import VOCAB_FILE, build_draft_vocab, count_masked_tokens, save_vocab
 from eyas.errors import EyasError
 from eyas.io import write_json_atomic
-from eyas.manifest import MANIFEST, input_record, manifest_fields
+from eyas.manifest import MANIFEST, clear_manifest, input_record, manifest_fields
+from eyas.outputs import check_space, claim_out, refuse_other_inputs, writing
 from eyas.progress import progress_bar
 
 FILES = {"train": "train.parquet", "holdout": "holdout.parquet", "vocab": VOCAB_FILE}
+MARKERS = (*FILES.values(), "regenerate*")  # what prepare writes before its manifest: the files, regeneration journals
 
 
 @dataclass
@@ -62,14 +64,18 @@ def prepare(options: PrepareOptions) -> PrepareStats:
     template = read_chat_template(options.chat_template)  # a missing file fails before the target is loaded
     started = time.perf_counter()
     out = Path(options.out)
+    previous = claim_out(out, "prepare", options.force, MARKERS)
     config, source = load_target_config(options.target, options.trust_remote_code)
     tokenizer = load_tokenizer(source, options.trust_remote_code)
     if tokenizer is None:
         raise EyasError(f"target {options.target!r} ships no tokenizer at {source}; prepare needs one")
     renderer = ChatRenderer(tokenizer, template)
     fingerprint = _fingerprint(options, tokenizer, renderer.template)
-    if not options.force and _already_prepared(out, fingerprint):
-        raise AlreadyPrepared(out)
+    if previous is not None:  # a DATA_DIR prepare finished: the same result is skipped, another one kept unless --force
+        recorded = previous.get("fingerprint") or {k: previous.get(k) for k in fingerprint}  # older: at the top level
+        if recorded == fingerprint and not options.force:
+            raise AlreadyPrepared(out)
+        refuse_other_inputs(out, "prepare", recorded, fingerprint, options.force)
 
     stats = PrepareStats()
     conversations = _read_all(options, stats)
@@ -87,12 +93,16 @@ def prepare(options: PrepareOptions) -> PrepareStats:
     vocab_size = max(_target_vocab_size(config), len(tokenizer))
     counts = count_masked_tokens(((s.input_ids, s.loss_mask) for s in train), vocab_size)
     vocab = build_draft_vocab(counts, options.draft_vocab_size)
-    write_samples(train, out / FILES["train"])
-    write_samples(holdout, out / FILES["holdout"])
-    save_vocab(vocab, out / FILES["vocab"])
-    stats.seconds = time.perf_counter() - started
+    # int32 ids + uint8 masks (before Parquet's compression), the vocabulary's int64 counts and d2t and bool t2d
+    check_space(out, 5 * stats.tokens + 9 * vocab_size + 8 * len(vocab.d2t) + 2**20, options.force, "the prepared data")
     inputs = [*(input_record("source", spec) for spec in options.data), target_input(target_facts(options.target, config, source))]
-    write_json_atomic(out / MANIFEST, _manifest(options, fingerprint, stats, vocab_size, len(vocab.d2t), inputs))
+    with writing(out, f"{out} holds no finished DATA_DIR now (no manifest.json): free space, then rerun the same command"):
+        clear_manifest(out)  # until the new files are all written, nothing claims DATA_DIR is finished
+        write_samples(train, out / FILES["train"])
+        write_samples(holdout, out / FILES["holdout"])
+        save_vocab(vocab, out / FILES["vocab"])
+        stats.seconds = time.perf_counter() - started
+        write_json_atomic(out / MANIFEST, _manifest(options, fingerprint, stats, vocab_size, len(vocab.d2t), inputs))
     return stats
 
 
@@ -272,18 +282,6 @@ def _fingerprint(options: PrepareOptions, tokenizer, template: str) -> dict:
             "regeneration": asdict(options.regeneration) if options.regenerate else None,
         },
     }
-
-
-def _already_prepared(out: Path, fingerprint: dict) -> bool:
-    manifest = out / MANIFEST
-    if not manifest.is_file():
-        return False
-    try:
-        old = json.loads(manifest.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    recorded = old.get("fingerprint") or {k: old.get(k) for k in fingerprint}  # older manifests: at the top level
-    return recorded == fingerprint
 
 
 def _manifest(options: PrepareOptions, fingerprint: dict, stats: PrepareStats, vocab_size: int, draft_vocab: int,

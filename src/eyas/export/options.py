@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import option
+from eyas.options import force_option, option
 
 
 @dataclass
@@ -16,3 +16,4 @@ class ExportOptions:
     out: Path = option(help="DRAFT_DIR to write (config.json, model.safetensors, README.md)")
     format: str = option("eagle3", "eagle3 (SGLang and vLLM) or speculators (vLLM's own format)")
     dtype: str = option("bf16", "bf16 or fp16 (fp32 for tests)")
+    force: bool = force_option()

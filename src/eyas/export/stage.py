@@ -15,7 +15,7 @@ def export_stage(options: ExportOptions, console: Console) -> Path:
     """Export RUN_DIR/final as DRAFT_DIR, run ``eyas check`` on it and print the verdict and any problems."""
     from eyas.export.check import check_draft_dir
 
-    path = export_run(options.run_dir, options.out, options.dtype, options.format)
+    path = export_run(options.run_dir, options.out, options.dtype, options.format, options.force)
     result = check_draft_dir(path)
     console.print(f"wrote {path}; eyas check: {'ok' if result.ok else 'FAILED'}", soft_wrap=True)
     for problem in result.errors + result.warnings:
@@ -23,8 +23,9 @@ def export_stage(options: ExportOptions, console: Console) -> Path:
     return path
 
 
-def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3") -> Path:
-    """Export RUN_DIR/final (what ``eyas train`` wrote) as an EAGLE-3 drafter directory (or speculators format)."""
+def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3", force: bool = False) -> Path:
+    """Export RUN_DIR/final (what ``eyas train`` wrote) as an EAGLE-3 drafter directory (or speculators format); a DRAFT_DIR
+    exported from another run, or other data in ``out``, is replaced only with ``force``."""
     from safetensors.torch import load_file
 
     from eyas.drafter.config import DrafterConfig
@@ -33,9 +34,11 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
     from eyas.export.files import DRAFT_FILES, write_draft_dir
     from eyas.export.speculators import speculators_config
     from eyas.manifest import REMEDIES, input_record, read_json_object, write_manifest
+    from eyas.outputs import check_space, claim_out, input_places, refuse_other_inputs, writing
     from eyas.target.facts import target_input
     from eyas.train.resume import run_options
 
+    previous = claim_out(out, "export", force)
     run_dir = Path(run_dir)
     final = run_dir / "final"
     if not (final / "model.safetensors").is_file():
@@ -57,10 +60,14 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "eagle3
     if fmt == "speculators":  # the verifier as vLLM loads it (a placeholder would not load: then the spec, as recorded)
         engine_target, _ = serve_target(target)
         config = speculators_config(config, options["target"] if engine_target.startswith("<") else engine_target)
-    stage = ExportOptions(run_dir=run_dir, out=Path(out), format=fmt, dtype=dtype)
+    stage = ExportOptions(run_dir=run_dir, out=Path(out), format=fmt, dtype=dtype, force=force)
     inputs = [input_record("run", run_dir), target_input(target)]
-    return write_draft_dir(out, config, tensors, card,
-                           then=lambda tmp: write_manifest(tmp, "export", stage, inputs, DRAFT_FILES, target=target))
+    if previous is not None:  # a re-export of the same run replaces it (in any format or dtype); another run's only forced
+        refuse_other_inputs(out, "export", input_places(previous.get("inputs", [])), input_places(inputs), force)
+    check_space(out, (final / "model.safetensors").stat().st_size + 2**20, force, "the export")  # fp32 weights: at most
+    with writing(out, f"{out} is unchanged (a DRAFT_DIR is replaced only once complete): free space, then rerun"):
+        return write_draft_dir(out, config, tensors, card,
+                               then=lambda tmp: write_manifest(tmp, "export", stage, inputs, DRAFT_FILES, target=target))
 
 
 def _verify_run_dir(run_dir: Path) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyas.io import atomic_dir, write_json_atomic
+from eyas.io import atomic_dir, remove_stale_temps, write_json_atomic
+from eyas.outputs import writing
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -64,14 +65,27 @@ def save_checkpoint(run_dir: Path, step: int, drafter, optimizer, scheduler, pos
     if torch.cuda.is_available():
         optimizer_tensors["rng.cuda"] = torch.cuda.get_rng_state()
     state = {"step": step, "position": position, "scheduler": scheduler.state_dict(), "param_groups": groups, **extra}
-    with atomic_dir(final) as tmp:
-        save_file(drafter_tensors(drafter, model_state), str(tmp / "model.safetensors"))
-        save_file(optimizer_tensors, str(tmp / "optimizer.safetensors"))
-        (tmp / "state.json").write_text(json.dumps(state, indent=2))
-    write_json_atomic(root / "latest.json", {"checkpoint": final.name, "step": step})
+    previous = latest_checkpoint(run_dir)
+    advice = (f"the last complete checkpoint ({previous.name}) is intact: free space, then the same command with --resume "
+              "continues from it" if previous else "no checkpoint was complete yet: free space, then rerun the same command")
+    with writing(final, advice):  # a failed write leaves the previous checkpoint, latest.json and no temporary directory
+        remove_stale_temps(root)  # what a run killed mid-checkpoint left
+        with atomic_dir(final) as tmp:
+            save_file(drafter_tensors(drafter, model_state), str(tmp / "model.safetensors"))
+            save_file(optimizer_tensors, str(tmp / "optimizer.safetensors"))
+            (tmp / "state.json").write_text(json.dumps(state, indent=2))
+        write_json_atomic(root / "latest.json", {"checkpoint": final.name, "step": step})
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def run_bytes(run_dir: Path, drafter, keep: int) -> int:
+    """About what a run still writes: ``keep`` + 1 checkpoints (the newest is written before the oldest goes), less what
+    its checkpoints already take, the final weights, and some metrics."""
+    weights = sum(p.numel() * 4 for p in drafter.trainable_parameters())  # fp32
+    existing = sum(f.stat().st_size for f in checkpoint_dir(run_dir).rglob("*") if f.is_file())
+    return max(0, (keep + 1) * 3 * weights - existing) + weights + 2**20  # a checkpoint: weights + AdamW's two moments
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import option, remote_code
+from eyas.options import force_option, option, remote_code
 
 
 @dataclass
@@ -20,6 +20,7 @@ class TrainOptions:
                           "(the default when --data is given without --features)")
     resume: bool = option(False, "continue RUN_DIR from its latest checkpoint (only the step limit, checkpoint cadence, "
                           "--fsdp and --trust-remote-code may differ from the run's)")
+    force: bool = force_option()
     ttt_steps: int = option(7, "training-time-test steps K")
     step_decay: float = option(0.8, "weight of step k's loss is decay^k")
     lr: float = option(1e-4, "peak learning rate (AdamW)")

@@ -11,15 +11,18 @@ last (:mod:`eyas.manifest`): its presence means the run finished.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from eyas.io import write_json_atomic
 from eyas.manifest import clear_manifest, write_manifest
+from eyas.outputs import writing
 
 TARGET_FILE = "target.json"
 OPTIONS_FILE = "train_options.json"
 STARTED_FILES = (OPTIONS_FILE, "drafter_config.json", TARGET_FILE)
 FINISHED_FILES = ("final/model.safetensors", "final/drafter_config.json", "report.json", "metrics.jsonl")
+MARKERS = (*STARTED_FILES, "checkpoints", "metrics.jsonl", "tensorboard")  # what a run writes before its manifest.json
 
 
 def start_run_dir(out: Path, record: dict, drafter_config: dict, target: dict) -> None:
@@ -32,6 +35,18 @@ def start_run_dir(out: Path, record: dict, drafter_config: dict, target: dict) -
     write_json_atomic(out / TARGET_FILE, target)
 
 
+def clear_run_dir(out: Path) -> None:
+    """Remove what a run wrote (``--force`` without ``--resume``: start over); other files in ``out`` stay."""
+    out = Path(out)
+    clear_manifest(out)
+    for name in (*MARKERS, "final", "report.json"):
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def finish_run_dir(out: Path, drafter, state: dict, report: dict, options, inputs: list[dict]) -> None:
     """Write the final weights and config, report.json, then manifest.json last."""
     from safetensors.torch import save_file
@@ -41,12 +56,14 @@ def finish_run_dir(out: Path, drafter, state: dict, report: dict, options, input
 
     out = Path(out)
     final = out / "final"
-    final.mkdir(exist_ok=True)
-    with atomic_path(final / "model.safetensors") as tmp:
-        save_file(drafter_tensors(drafter, state), str(tmp))
-    write_json_atomic(final / "drafter_config.json", drafter.config.to_dict())
-    write_json_atomic(out / "report.json", report)
-    write_manifest(out, "train", options, inputs, STARTED_FILES + FINISHED_FILES)
+    with writing(final, "the last checkpoint is intact: free space, then the same command with --resume writes the "
+                 "final weights"):
+        final.mkdir(exist_ok=True)
+        with atomic_path(final / "model.safetensors") as tmp:
+            save_file(drafter_tensors(drafter, state), str(tmp))
+        write_json_atomic(final / "drafter_config.json", drafter.config.to_dict())
+        write_json_atomic(out / "report.json", report)
+        write_manifest(out, "train", options, inputs, STARTED_FILES + FINISHED_FILES)
 
 
 def read_target_facts(run_dir: Path) -> dict | None:

@@ -26,13 +26,15 @@ from eyas.drafter.loss import step_loss, target_signal
 from eyas.drafter.model import Eagle3Drafter
 from eyas.drafter.ttt import ttt_steps
 from eyas.errors import EyasError
+from eyas.outputs import check_space, claim_out, writing
 from eyas.progress import progress_bar
-from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, save_checkpoint
+from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, run_bytes, save_checkpoint
 from eyas.train.data import OfflineSource, OnlineSource, batches_forever
 from eyas.train.evaluate import evaluate
 from eyas.train.options import TrainOptions, trains_online
 from eyas.train.resume import data_input, new_record, read_run_record, resume_changes, resumed_record
-from eyas.train.run_dir import finish_run_dir, start_run_dir
+from eyas.train.run_dir import MARKERS as RUN_MARKERS
+from eyas.train.run_dir import clear_run_dir, finish_run_dir, start_run_dir
 
 
 @dataclass
@@ -56,15 +58,24 @@ def train(options: TrainOptions) -> TrainReport:
     lead = rank == 0  # rank 0 evaluates, logs and writes checkpoints
     autocast = training_autocast(device)
     out = Path(options.out)
-    # 1. a resume is judged against the run's record before the target is loaded or anything is written
+    # 1. --out is checked, and a resume judged against the run's record, before the target is loaded or anything is written
+    if lead:
+        claim_out(out, "train", options.force, RUN_MARKERS)
     latest = latest_checkpoint(out)
-    if latest is not None and not options.resume:
-        raise EyasError(f"{out} already holds a run (checkpoint {latest.name}); pass --resume to continue it, or use another --out")
+    start_over = latest is not None and not options.resume
+    if start_over and not options.force:
+        raise EyasError(f"{out} already holds a run (checkpoint {latest.name}); pass --resume to continue it, --force "
+                        "to start it over, or use another --out")
+    if start_over:  # --force: a new run (the old one's files are removed just before it writes its own)
+        latest = None
     at = json.loads((latest / "state.json").read_text())["step"] if latest is not None else 0
     recorded = read_run_record(out) if latest is not None else None
     changes = resume_changes(recorded, options, at, out) if recorded is not None else {}
     setup = setup_training(options, device)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
+    if lead:
+        check_space(out, run_bytes(out, drafter, options.keep), options.force, "training (checkpoints, final weights)",
+                    ", keep fewer checkpoints with --keep")
     sharded = options.fsdp and world > 1
     if sharded:
         _shard(drafter)
@@ -85,6 +96,8 @@ def train(options: TrainOptions) -> TrainReport:
     step, epoch, index = 0, 0, 0
     record: dict = {}  # the last step's metrics (a resumed run starts from its checkpoint's)
     state: dict = {}
+    if start_over and lead:
+        clear_run_dir(out)
     if latest is not None:
         state = load_checkpoint(latest, drafter, optimizer, scheduler)
         step, epoch, index = state["step"], state["position"]["epoch"], state["position"]["index"]
@@ -323,7 +336,7 @@ class _Metrics:
     """metrics.jsonl (one JSON line per step) and TensorBoard scalars."""
 
     def __init__(self, out: Path, keep_up_to: int):
-        path = out / "metrics.jsonl"
+        self.path = path = out / "metrics.jsonl"
         self.lines: list[dict] = []  # what earlier segments logged, up to the checkpoint this one resumes from
         if path.is_file():  # drop what a killed run logged after its last checkpoint (all of it when it left none)
             self.lines = [record for record in map(json.loads, filter(str.strip, path.read_text(encoding="utf-8").splitlines()))
@@ -338,8 +351,10 @@ class _Metrics:
             self.board = None
 
     def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        with writing(self.path, "the checkpoints written are intact: free space, then the same command with --resume "
+                     "continues from the last one"):
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
         if self.board is None:
             return
         step = record["step"]
