@@ -164,11 +164,14 @@ BAD_FLAGS = [  # (command line, flag, the range the message gives)
     (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--holdout", "1"], "--holdout 1.0", "in [0, 1)"),
     (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--max-length", "1"], "--max-length 1", "≥ 2"),
     (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--workers", "-1"], "--workers -1", "≥ 1"),
+    (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--on-overflow", "cut"], "--on-overflow cut",
+     "one of truncate, drop"),
     (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--concurrency", "0"], "--concurrency 0", "≥ 1"),
     (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--timeout", "0"], "--timeout 0.0", "> 0"),
     (["capture", "--target", "t", "--data", "d", "--out", OUT, "--token-budget", "-5"], "--token-budget -5", "≥ 1"),
     (["capture", "--target", "t", "--data", "d", "--out", OUT, "--max-gb", "0"], "--max-gb 0.0", "> 0"),
     (["capture", "--target", "t", "--data", "d", "--out", OUT, "--layer-ids", "-1,2,3"], "--layer-ids -1,2,3", "each must be ≥ 0"),
+    (["capture", "--target", "t", "--data", "d", "--out", OUT, "--engine", "sglang"], "--engine sglang", "one of hf, vllm"),
     (["capture", "--check", OUT, "--check-samples", "-1"], "--check-samples -1", "≥ 0"),
     (["bench", "--target", "t", "--draft", "d", "--out", OUT, "--prompts", "0"], "--prompts 0", "≥ 1"),
     (["bench", "--target", "t", "--draft", "d", "--out", OUT, "--temperature", "-1"], "--temperature -1.0", "≥ 0"),
@@ -202,6 +205,7 @@ BAD_CONFIGS = [  # (the config's own lines or an override, what the one line nam
     ("[prepare]\ndata = ['x']\nlimit = 0\n", (), ["[prepare] limit = 0", "≥ 1"]),
     ("[prepare]\ndata = ['x']\n[prepare.regeneration]\ntimeout = 0\n", (), ["[prepare] regeneration timeout = 0", "> 0"]),
     ("[bench]\ntop_p = 1.5\n", (), ["[bench] top_p = 1.5", "in (0, 1]"]),
+    ("[capture]\nengine = 'sglang'\n", (), ["[capture] engine = 'sglang'", "one of hf, vllm"]),
     ("[bench]\nmodes = 'tree:1'\n", (), ["[bench] modes = 'tree:1'", "chain:K"]),
     ("", ("train.epochs=0",), ["[train] epochs = 0", "> 0"]),
 ]
@@ -319,7 +323,8 @@ def test_every_parameter_of_every_command_has_help():
     assert missing == []
 
 
-def test_the_demo_keeps_its_own_learning_rate(tmp_path):
+def test_the_learning_rate_default_is_the_sweeps_and_the_demo_keeps_its_own(tmp_path):
     from eyas.demo import demo_config
 
-    assert TrainOptions.lr != 1e-3 and demo_config(tmp_path).options("train").lr == 1e-3  # the demo's τ figures hold
+    assert 2e-3 <= TrainOptions.lr <= 5e-3  # benchmarks/LOG.md "Learning rate": the broad optimum of the sweep
+    assert demo_config(tmp_path).options("train").lr == 1e-3  # the demo's own, so its τ figures hold

@@ -71,8 +71,8 @@ def within(low: float, high: float, *, low_open: bool = False, high_open: bool =
 
 
 def one_of(*names: str) -> Check:
-    """One of ``names``."""
-    return Check(lambda value: value in names, "one of " + ", ".join(names))
+    """One of ``names`` (not repeated in the help, which names them)."""
+    return Check(lambda value: value in names, "one of " + ", ".join(names), shown=False)
 
 
 def each(check: Check) -> Check:

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import Options, above, at_least, each, force_option, option, remote_code
+from eyas.options import Options, above, at_least, each, force_option, one_of, option, remote_code
 
 
 def _writer_threads() -> int:
@@ -32,10 +32,11 @@ class CaptureOptions(Options):
     splits: tuple[str, ...] = option(("train", "holdout"), "which DATA_DIR splits to capture")
     token_budget: int = option(16384, "tokens per forward batch, padding included", check=at_least(1))
     max_batch: int = option(64, "most sequences per forward batch", check=at_least(1))
-    shard_mb: int = option(256, "approximate shard size in MiB", check=at_least(1))
+    shard_mb: int = option(256, "approximate shard size in MiB (0: one forward batch per shard)", check=at_least(0))
     max_gb: float | None = option(None, "cap the store size: samples beyond it are left out", check=above(0))
     force: bool = force_option()
-    engine: str = option("hf", "hf (in-process transformers) or vllm (vLLM's extract_hidden_states)")
+    engine: str = option("hf", "hf (in-process transformers) or vllm (vLLM's extract_hidden_states)",
+                         check=one_of("hf", "vllm"))
     vllm_python: str | None = option(None, "python of the vLLM environment (engine vllm)")
     trust_remote_code: bool = remote_code()
     writer_threads: int = option(help="threads hashing and writing shards (default: half the cores, 2 to 4)",

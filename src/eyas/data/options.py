@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import SEED, Options, above, at_least, chat_template_file, force_option, option, remote_code, within
+from eyas.options import SEED, Options, above, at_least, chat_template_file, force_option, one_of, option, remote_code, within
 
 
 @dataclass
@@ -41,7 +41,8 @@ class PrepareOptions(Options):
                              "repeatable")
     out: Path = option(help="DATA_DIR to write")
     max_length: int = option(2048, "longest sample in tokens", check=at_least(2))
-    overflow: str = option("truncate", "what to do with longer samples: truncate or drop", flag="--on-overflow")
+    overflow: str = option("truncate", "what to do with longer samples: truncate or drop", flag="--on-overflow",
+                           check=one_of("truncate", "drop"))
     holdout: float = option(0.05, "fraction held out for evaluation (chosen by a hash of the sample id)",
                             check=within(0, 1, high_open=True))
     draft_vocab_size: int = option(32000, "draft vocabulary size Vd (identity when ≥ the target's vocabulary)",

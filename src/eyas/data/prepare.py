@@ -115,8 +115,6 @@ class AlreadyPrepared(EyasError):
 
 
 def _check_options(options: PrepareOptions) -> None:
-    if options.overflow not in ("truncate", "drop"):
-        raise EyasError(f"--on-overflow must be 'truncate' or 'drop', not {options.overflow!r}")
     if not options.data:
         raise EyasError("give at least one --data source (a file, a folder, 'sharegpt' or a hub dataset)")
 
