@@ -147,55 +147,62 @@ def test_debug_shows_the_traceback_of_a_user_error(tmp_path, how):
 # ---------------------------------------------------------------- 2. option ranges, defined once
 
 OUT = "OUT"  # replaced by a path under tmp_path: it must still not exist afterwards
-BAD_FLAGS = [  # (command line, flag, the range the message gives)
-    (["train", "--target", "t", "--out", OUT, "--ttt-steps", "0"], "--ttt-steps 0", "≥ 1"),
-    (["train", "--target", "t", "--out", OUT, "--lr", "-1"], "--lr -1.0", "> 0"),
-    (["train", "--target", "t", "--out", OUT, "--lr", "0"], "--lr 0.0", "> 0"),
-    (["train", "--target", "t", "--out", OUT, "--epochs", "-2"], "--epochs -2.0", "> 0"),
-    (["train", "--target", "t", "--out", OUT, "--max-steps", "-1"], "--max-steps -1", "≥ 1"),
-    (["train", "--target", "t", "--out", OUT, "--token-budget", "0"], "--token-budget 0", "≥ 1"),
-    (["train", "--target", "t", "--out", OUT, "--grad-accum", "0"], "--grad-accum 0", "≥ 1"),
-    (["train", "--target", "t", "--out", OUT, "--warmup-ratio", "1.5"], "--warmup-ratio 1.5", "in [0, 1]"),
-    (["train", "--target", "t", "--out", OUT, "--step-decay", "0"], "--step-decay 0.0", "in (0, 1]"),
-    (["train", "--target", "t", "--out", OUT, "--betas", "0.9,1.0"], "--betas 0.9,1.0", "each must be in [0, 1)"),
-    (["train", "--target", "t", "--out", OUT, "--keep", "0"], "--keep 0", "≥ 1"),
-    (["train", "--target", "t", "--out", OUT, "--seed", "-1"], "--seed -1", "in [0, 4294967295]"),
-    (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--limit", "0"], "--limit 0", "≥ 1"),
-    (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--holdout", "1"], "--holdout 1.0", "in [0, 1)"),
-    (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--max-length", "1"], "--max-length 1", "≥ 2"),
-    (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--workers", "-1"], "--workers -1", "≥ 1"),
-    (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--on-overflow", "cut"], "--on-overflow cut",
-     "one of truncate, drop"),
-    (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--concurrency", "0"], "--concurrency 0", "≥ 1"),
-    (["prepare", "--target", "t", "--data", "d", "--out", OUT, "--timeout", "0"], "--timeout 0.0", "> 0"),
-    (["capture", "--target", "t", "--data", "d", "--out", OUT, "--token-budget", "-5"], "--token-budget -5", "≥ 1"),
-    (["capture", "--target", "t", "--data", "d", "--out", OUT, "--max-gb", "0"], "--max-gb 0.0", "> 0"),
-    (["capture", "--target", "t", "--data", "d", "--out", OUT, "--layer-ids", "-1,2,3"], "--layer-ids -1,2,3", "each must be ≥ 0"),
-    (["capture", "--target", "t", "--data", "d", "--out", OUT, "--engine", "sglang"], "--engine sglang", "one of hf, vllm"),
-    (["capture", "--check", OUT, "--check-samples", "-1"], "--check-samples -1", "≥ 0"),
-    (["bench", "--target", "t", "--draft", "d", "--out", OUT, "--prompts", "0"], "--prompts 0", "≥ 1"),
-    (["bench", "--target", "t", "--draft", "d", "--out", OUT, "--temperature", "-1"], "--temperature -1.0", "≥ 0"),
-    (["bench", "--target", "t", "--draft", "d", "--out", OUT, "--top-p", "0"], "--top-p 0.0", "in (0, 1]"),
-    (["bench", "--target", "t", "--draft", "d", "--out", OUT, "--top-p", "1.5"], "--top-p 1.5", "in (0, 1]"),
-    (["bench", "--target", "t", "--draft", "d", "--out", OUT, "--dataset", "mt-bench,gsm8k"], "--dataset mt-bench,gsm8k",
-     "each must be one of mt-bench, humaneval, sharegpt-holdout"),
-    (["bench", "--target", "t", "--draft", "d", "--out", OUT, "--mode", "chain:0"], "--mode chain:0", "chain:K"),
-    (["bench", "--target", "t", "--draft", "d", "--out", OUT, "--mode", "chain:5,beam:3"], "--mode chain:5,beam:3", "tree:TOTAL"),
-    (["generate", "hi", "--target", "t", "--temperature", "-1"], "--temperature -1.0", "≥ 0"),
-    (["generate", "hi", "--target", "t", "--top-p", "0"], "--top-p 0.0", "in (0, 1]"),
-    (["generate", "hi", "--target", "t", "--max-new-tokens", "0"], "--max-new-tokens 0", "≥ 1"),
-    (["generate", "hi", "--target", "t", "--mode", "tree:60,7"], "--mode tree:60,7", "tree:TOTAL,DEPTH,TOPK"),
-    (["generate", "hi", "--target", "t", "--device", "gpu"], "--device gpu", "cpu, cuda or cuda:N"),
+COMMAND_LINES = {  # each command with its required arguments
+    "train": ["train", "--target", "t", "--out", OUT],
+    "prepare": ["prepare", "--target", "t", "--data", "d", "--out", OUT],
+    "capture": ["capture", "--target", "t", "--data", "d", "--out", OUT],
+    "capture --check": ["capture", "--check", OUT],
+    "bench": ["bench", "--target", "t", "--draft", "d", "--out", OUT],
+    "generate": ["generate", "hi", "--target", "t"],
+}
+BAD_FLAGS = [  # (command, the bad flag and value, how the message names them, the range it gives)
+    ("train", ["--ttt-steps", "0"], "--ttt-steps 0", "≥ 1"),
+    ("train", ["--lr", "-1"], "--lr -1.0", "> 0"),
+    ("train", ["--lr", "0"], "--lr 0.0", "> 0"),
+    ("train", ["--epochs", "-2"], "--epochs -2.0", "> 0"),
+    ("train", ["--max-steps", "-1"], "--max-steps -1", "≥ 1"),
+    ("train", ["--token-budget", "0"], "--token-budget 0", "≥ 1"),
+    ("train", ["--grad-accum", "0"], "--grad-accum 0", "≥ 1"),
+    ("train", ["--warmup-ratio", "1.5"], "--warmup-ratio 1.5", "in [0, 1]"),
+    ("train", ["--step-decay", "0"], "--step-decay 0.0", "in (0, 1]"),
+    ("train", ["--betas", "0.9,1.0"], "--betas 0.9,1.0", "each must be in [0, 1)"),
+    ("train", ["--keep", "0"], "--keep 0", "≥ 1"),
+    ("train", ["--seed", "-1"], "--seed -1", "in [0, 4294967295]"),
+    ("prepare", ["--limit", "0"], "--limit 0", "≥ 1"),
+    ("prepare", ["--holdout", "1"], "--holdout 1.0", "in [0, 1)"),
+    ("prepare", ["--max-length", "1"], "--max-length 1", "≥ 2"),
+    ("prepare", ["--workers", "-1"], "--workers -1", "≥ 1"),
+    ("prepare", ["--on-overflow", "cut"], "--on-overflow cut", "one of truncate, drop"),
+    ("prepare", ["--concurrency", "0"], "--concurrency 0", "≥ 1"),
+    ("prepare", ["--timeout", "0"], "--timeout 0.0", "> 0"),
+    ("capture", ["--token-budget", "-5"], "--token-budget -5", "≥ 1"),
+    ("capture", ["--max-gb", "0"], "--max-gb 0.0", "> 0"),
+    ("capture", ["--layer-ids", "-1,2,3"], "--layer-ids -1,2,3", "each must be ≥ 0"),
+    ("capture", ["--engine", "sglang"], "--engine sglang", "one of hf, vllm"),
+    ("capture --check", ["--check-samples", "-1"], "--check-samples -1", "≥ 0"),
+    ("bench", ["--prompts", "0"], "--prompts 0", "≥ 1"),
+    ("bench", ["--temperature", "-1"], "--temperature -1.0", "≥ 0"),
+    ("bench", ["--top-p", "0"], "--top-p 0.0", "in (0, 1]"),
+    ("bench", ["--top-p", "1.5"], "--top-p 1.5", "in (0, 1]"),
+    ("bench", ["--dataset", "mt-bench,gsm8k"], "--dataset mt-bench,gsm8k", "each must be one of mt-bench, humaneval, sharegpt-holdout"),
+    ("bench", ["--mode", "chain:0"], "--mode chain:0", "chain:K"),
+    ("bench", ["--mode", "chain:5,beam:3"], "--mode chain:5,beam:3", "tree:TOTAL"),
+    ("generate", ["--temperature", "-1"], "--temperature -1.0", "≥ 0"),
+    ("generate", ["--top-p", "0"], "--top-p 0.0", "in (0, 1]"),
+    ("generate", ["--max-new-tokens", "0"], "--max-new-tokens 0", "≥ 1"),
+    ("generate", ["--mode", "tree:60,7"], "--mode tree:60,7", "tree:TOTAL,DEPTH,TOPK"),
+    ("generate", ["--device", "gpu"], "--device gpu", "cpu, cuda or cuda:N"),
 ]
 
 
-@pytest.mark.parametrize("args, named, rule", BAD_FLAGS, ids=[named for _, named, _ in BAD_FLAGS])
-def test_an_option_out_of_range_on_the_command_line_is_refused_before_any_work(monkeypatch, tmp_path, args, named, rule):
+@pytest.mark.parametrize("command, flag, named, rule", BAD_FLAGS, ids=[named for _, _, named, _ in BAD_FLAGS])
+def test_an_option_out_of_range_on_the_command_line_is_refused_before_any_work(monkeypatch, tmp_path, command, flag, named,
+                                                                                rule):
     ran = []
     for name, stage in STAGES.items():
         monkeypatch.setitem(STAGES, name, dataclasses.replace(stage, run=lambda *a: ran.append(a)))
     out = tmp_path / "out"
-    one_line_error(invoke([str(out) if a == OUT else a for a in args]), named, rule)
+    one_line_error(invoke([str(out) if a == OUT else a for a in [*COMMAND_LINES[command], *flag]]), named, rule)
     assert not ran and not out.exists() and list(tmp_path.iterdir()) == []
 
 
