@@ -22,11 +22,12 @@ from collections import defaultdict
 import torch
 
 import eyas.engine.decode as decode
-from eyas.bench.run import parse_mode, timed
+from eyas.bench.run import timed
 from eyas.data.benchmarks import mt_bench_questions, render
 from eyas.engine.acceptance import Sampling
 from eyas.engine.burst import Burst
 from eyas.engine.loading import load_engine
+from eyas.engine.modes import parse_mode
 from eyas.engine.round import Round
 from eyas.engine.target_runner import TargetRunner
 

@@ -35,12 +35,13 @@ from pathlib import Path
 import torch
 from transformers import StaticCache
 
-from eyas.bench.run import parse_modes, timed
+from eyas.bench.run import timed
 from eyas.data.benchmarks import mt_bench_questions, render
 from eyas.engine import attention
 from eyas.engine.burst import Burst
 from eyas.engine.decode import generate
 from eyas.engine.loading import load_engine
+from eyas.engine.modes import parse_modes, target_capacity
 from eyas.target.loading import load_target
 from run_record import git_commit, run_folder, write_run_json
 
@@ -206,10 +207,9 @@ def main() -> None:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: None}[args.dtype]
     target = load_target(args.target, device=args.device, dtype=dtype)
     prompts = [torch.tensor([render(target.tokenizer, text)]) for _, text in mt_bench_questions()[: args.prompts]]
-    capacity = args.capacity or max(p.shape[1] for p in prompts) + args.max_new_tokens + max(
-        [m.draft_tokens for m in modes], default=0) + 1
+    capacity = args.capacity or target_capacity(max(p.shape[1] for p in prompts), args.max_new_tokens, modes)
     print(f"cache capacity: {capacity} slots", flush=True)
-    engine = load_engine(args.target, args.draft, capacity, args.device, dtype=dtype, target=target)
+    engine = load_engine(args.target, args.draft, capacity, args.device, dtype=dtype, target=target, modes=modes)
     device = engine.target_runner.device
     model = engine.target.model
     results: dict[str, dict] = {}
@@ -228,7 +228,7 @@ def main() -> None:
             parser.error(f"unknown variant {variant!r}: eager, graphs or compile, optionally +lean and +serial")
         Burst.pipelined = "serial" not in extras
         engine = load_engine(args.target, args.draft, capacity, args.device, dtype=dtype, target=engine.target,
-                             graphs=kind != "eager", compile=kind == "compile", lean="lean" in extras)
+                             graphs=kind != "eager", compile=kind == "compile", lean="lean" in extras, modes=modes)
         decoders = {"plain": lambda ids, engine=engine: generate(engine.target_runner, ids, args.max_new_tokens,
                                                                   stop_ids=engine.stop_ids).tokens}
         taus: dict[str, list] = {}

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from eyas.bench.run import parse_modes
 from eyas.data.benchmarks import mt_bench_questions, render
 from eyas.engine.decode import generate
 from eyas.engine.loading import load_engine
+from eyas.engine.modes import parse_modes
 from run_record import run_folder, write_run_json
 
 

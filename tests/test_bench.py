@@ -7,10 +7,10 @@ import pytest
 from typer.testing import CliRunner
 
 import zoo
-from eyas.bench.run import parse_mode, parse_modes
 from eyas.cli import app
 from eyas.data.benchmarks import holdout_prompts, humaneval_problems, load_prompts, mt_bench_questions, render
 from eyas.data.samples import Sample, read_samples, write_samples
+from eyas.engine.modes import parse_mode, parse_modes
 from eyas.errors import EyasError
 from eyas.export.eagle3 import draft_config, draft_tensors
 from eyas.export.files import write_draft_dir

@@ -307,7 +307,7 @@ def test_bursts_emit_what_rounds_run_one_by_one_emit(monkeypatch, speculation):
 def test_caches_sized_as_the_cli_sizes_them_hold_every_round(speculation):
     """eyas bench / generate size the target's cache to prompt + new tokens + draft tokens + 1, and the drafter's
     DRAFTER_SPARE slots larger: then every round of a greedy generation fits, whatever it accepts."""
-    from eyas.engine.loading import DRAFTER_SPARE
+    from eyas.engine.modes import DRAFTER_SPARE
 
     model, layout, drafter = constant_pair()
     prompt, new_tokens = prompt_of(5), 40

@@ -1,17 +1,17 @@
 """The ``eyas`` command: flags derived from the options dataclasses (``eyas.flags``); each stage command
-runs its row of ``eyas.stages`` as ``eyas run`` does; the commands written out here print their own output."""
+runs its row of ``eyas.stages`` as ``eyas run`` does; the commands written out here print their own output.
+Every command runs inside one error boundary (``eyas.boundary``): a user's mistake is one line and exit 2."""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import typer
 from rich.console import Console
 
+from eyas.boundary import GuardedGroup
 from eyas.capture.options import CaptureOptions, StoreCheckOptions
 from eyas.errors import EyasError
 from eyas.flags import command
@@ -27,25 +27,20 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=GuardedGroup,
 )
 console = Console()
 err_console = Console(stderr=True)
 
 
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    """Turn EyasError into a red one-paragraph message and exit code 2 (no traceback)."""
-    try:
-        yield
-    except EyasError as err:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+@app.callback()
+def _eyas(debug: bool = typer.Option(False, "--debug", help="show the traceback of an error too (or set EYAS_DEBUG=1)")):
+    """The options of every command (before its name)."""
 
 
 def _run_stage(name: str, options: Any) -> None:
     """Run one stage through its row of the table; a training run stopped by a signal exits 128 + its number."""
-    with _user_errors():
-        result = STAGES[name].run(options, console)
+    result = STAGES[name].run(options, console)
     if exit_code(result):
         raise typer.Exit(exit_code(result))
 
@@ -65,8 +60,7 @@ def inspect(options: InspectOptions) -> None:
 
     from eyas.target.describe import describe_target
 
-    with _user_errors():
-        info = describe_target(options.target, trust_remote_code=options.trust_remote_code)
+    info = describe_target(options.target, trust_remote_code=options.trust_remote_code)
     if options.as_json:
         print(json.dumps(info.to_dict(), indent=2))
         return
@@ -81,15 +75,14 @@ _stage_command("prepare")
 
 @command(app, CaptureOptions, StoreCheckOptions, name="capture", loose=True)
 def _capture(options: CaptureOptions, store: StoreCheckOptions) -> None:
-    with _user_errors():
-        if store.check is not None:
-            from eyas.store.check import check_store, print_check
+    if store.check is not None:
+        from eyas.store.check import check_store, print_check
 
-            print_check(console, check_store(store.check, target=options.target, samples=store.check_samples,
-                                             trust_remote_code=options.trust_remote_code))
-            return
-        if not (options.target and options.data and options.out):
-            raise EyasError("eyas capture needs --target, --data and --out (or --check FEATURES_DIR)")
+        print_check(console, check_store(store.check, target=options.target, samples=store.check_samples,
+                                         trust_remote_code=options.trust_remote_code))
+        return
+    if not (options.target and options.data and options.out):
+        raise EyasError("eyas capture needs --target, --data and --out (or --check FEATURES_DIR)")
     _run_stage("capture", options)
 
 
@@ -102,8 +95,7 @@ def check(options: CheckOptions) -> None:
     """Validate a drafter directory against the EAGLE-3 contract both engines load; exit 1 on errors."""
     from eyas.export.check import check_for_target
 
-    with _user_errors():
-        result = check_for_target(options.draft_dir, options.target)
+    result = check_for_target(options.draft_dir, options.target)
     for error in result.errors:
         console.print(f"[red]error:[/] {error}", soft_wrap=True, highlight=False)
     for warning in result.warnings:
@@ -121,39 +113,37 @@ def generate(o: GenerateOptions) -> None:
     """Stream the target's answer to PROMPT, speculating with DRAFT_DIR; print τ and tokens/s at the end."""
     import time
 
-    from eyas.bench.run import parse_mode
     from eyas.data.benchmarks import render
     from eyas.data.render import read_chat_template
     from eyas.engine.acceptance import Sampling
     from eyas.engine.decode import generate as decode
     from eyas.engine.loading import load_engine, load_target_for, prompt_tensor
+    from eyas.engine.modes import parse_mode, target_capacity
 
-    with _user_errors():
-        speculation = parse_mode(o.mode)
-        template = read_chat_template(o.chat_template)
-        loaded = load_target_for(o.draft, o.target, device=o.device, trust_remote_code=o.trust_remote_code)
-        ids = render(loaded.tokenizer, o.prompt, template)
-        # cache sized to this prompt, the answer and one round of drafts: nothing more is allocated
-        capacity = len(ids) + o.max_new_tokens + speculation.draft_tokens + 1
-        engine = load_engine(o.target, o.draft, capacity, o.device, o.trust_remote_code, target=loaded, graphs=o.graphs,
-                             compile=o.compile, lean=o.lean)
-        tokenizer = engine.target.tokenizer
-        shown: list[int] = []
-        printed = ""
+    speculation = parse_mode(o.mode)
+    template = read_chat_template(o.chat_template)
+    loaded = load_target_for(o.draft, o.target, device=o.device, trust_remote_code=o.trust_remote_code)
+    ids = render(loaded.tokenizer, o.prompt, template)
+    engine = load_engine(o.target, o.draft, target_capacity(len(ids), o.max_new_tokens, [speculation]), o.device,
+                         o.trust_remote_code, target=loaded, graphs=o.graphs, compile=o.compile, lean=o.lean,
+                         modes=[speculation])
+    tokenizer = engine.target.tokenizer
+    shown: list[int] = []
+    printed = ""
 
-        def stream(new: list[int]) -> None:
-            nonlocal printed
-            shown.extend(new)
-            text = tokenizer.decode(shown, skip_special_tokens=True)
-            sys.stdout.write(text[len(printed):])
-            sys.stdout.flush()
-            printed = text
+    def stream(new: list[int]) -> None:
+        nonlocal printed
+        shown.extend(new)
+        text = tokenizer.decode(shown, skip_special_tokens=True)
+        sys.stdout.write(text[len(printed):])
+        sys.stdout.flush()
+        printed = text
 
-        start = time.perf_counter()
-        result = decode(engine.target_runner, prompt_tensor(ids), o.max_new_tokens, engine.draft_runner,
-                        speculation if o.draft else None, Sampling(o.temperature, o.top_p, o.seed), engine.stop_ids,
-                        None if o.as_json else stream)
-        seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    result = decode(engine.target_runner, prompt_tensor(ids), o.max_new_tokens, engine.draft_runner,
+                    speculation if o.draft else None, Sampling(o.temperature, o.top_p, o.seed), engine.stop_ids,
+                    None if o.as_json else stream)
+    seconds = time.perf_counter() - start
     if o.as_json:
         out = {"token_ids": result.tokens, "text": tokenizer.decode(result.tokens, skip_special_tokens=True)}
         if o.draft is not None:
@@ -177,8 +167,7 @@ def run(options: RunOptions) -> None:
     from eyas.config import load_config, select_stages
     from eyas.pipeline import run_pipeline
 
-    with _user_errors():
-        results = run_pipeline(select_stages(load_config(options.config, options.overrides), options.stages), console)
+    results = run_pipeline(select_stages(load_config(options.config, options.overrides), options.stages), console)
     code = max((exit_code(result) for result in results.values()), default=0)
     if code:
         raise typer.Exit(code)
@@ -190,8 +179,7 @@ def demo(options: DemoOptions) -> None:
     check, bench; ends with a table of τ and speedup and where every artifact is."""
     from eyas.demo import run_demo
 
-    with _user_errors():
-        run_demo(console, options.out, options.quick)
+    run_demo(console, options.out, options.quick)
 
 
 def main() -> None:

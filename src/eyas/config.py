@@ -27,6 +27,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as a package (a depe
     import tomli as tomllib
 
 from eyas.errors import EyasError
+from eyas.options import field_problem
 from eyas.stages import STAGES
 
 
@@ -126,16 +127,19 @@ def select_stages(config: RunConfig, chosen: tuple[str, ...] | None) -> RunConfi
 
 
 def _check_table(table: dict, cls: type, where: str, wired: set[str] = frozenset()) -> dict[str, Any]:
-    """Each key a field of ``cls`` (not a wired one), each value converted to the field's type."""
+    """Each key a field of ``cls`` (not a wired one), each value converted to the field's type and passing its check."""
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)} - wired
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in wired}
     checked = {}
     for key, value in table.items():
         if key in wired:
             raise ConfigError(f"{where}: {key!r} is set by eyas run from 'target' and 'workdir'; remove it")
-        if key not in names:
-            raise ConfigError(f"{where}: unknown option {key!r}{_suggest(key, names)}")
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown option {key!r}{_suggest(key, fields)}")
         checked[key] = _convert(value, hints[key], f"{where} {key}")
+        rule = field_problem(fields[key], checked[key])
+        if rule is not None:
+            raise ConfigError(f"{where} {key} = {value!r}: {rule}")
     return checked
 
 

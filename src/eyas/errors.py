@@ -15,3 +15,11 @@ class LayoutError(EyasError):
 
 class CaptureError(EyasError):
     """Hidden-state capture saw something wrong (a hook bypassed, fired twice, wrong token count)."""
+
+
+class OptionError(EyasError):
+    """An option's value outside what its field allows (``option(check=...)``): names the option, the value, the range."""
+
+    def __init__(self, owner: str, name: str, value: object, rule: str):
+        self.name, self.value, self.rule = name, value, rule
+        super().__init__(f"{owner}.{name} = {value!r}: {rule}")

@@ -1,9 +1,10 @@
 """Command-line flags derived from options dataclasses: one typer parameter per field, instances back.
 
 A field's flag is ``--name`` (underscores as dashes) unless its ``option(flag=...)`` says otherwise;
-its default and help are the field's own, so the command line cannot drift from Python or a run
-config. A tuple is one comma-separated flag (``--layer-ids 2,15,27``), a list a repeatable one,
-and a nested options dataclass (prepare's regeneration) adds its fields as flags of their own.
+its default, help and check are the field's own, so the command line cannot drift from Python or a run
+config: a value its check refuses is one line naming the flag and what it must be. A tuple is one
+comma-separated flag (``--layer-ids 2,15,27``), a list a repeatable one, and a nested options
+dataclass (prepare's regeneration) adds its fields as flags of their own.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from typing import Any, Union
 
 import typer
+
+from eyas.errors import EyasError, OptionError
 
 
 def command(app: typer.Typer, *classes: type, name: str | None = None, loose: bool = False) -> Callable:
@@ -42,7 +45,8 @@ def command(app: typer.Typer, *classes: type, name: str | None = None, loose: bo
 
 
 def build(cls: type, values: dict[str, Any]) -> Any:
-    """An instance of ``cls`` from flat flag values (nested options dataclasses from the same values)."""
+    """An instance of ``cls`` from flat flag values (nested options dataclasses from the same values); a value
+    its field's check refuses is an EyasError naming the flag."""
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -50,7 +54,20 @@ def build(cls: type, values: dict[str, Any]) -> Any:
             kwargs[f.name] = build(hints[f.name], values)
         elif f.name in values:
             kwargs[f.name] = values[f.name]
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except OptionError as refused:
+        field = next(f for f in dataclasses.fields(cls) if f.name == refused.name)
+        value = refused.value
+        shown = ",".join(str(v) for v in value) if isinstance(value, (tuple, list)) else str(value)
+        raise EyasError(f"{_spelling(field)} {shown}: {refused.rule}") from None
+
+
+def _spelling(f: dataclasses.Field) -> str:
+    """How the command line spells a field: its flag, or a positional argument's name in capitals."""
+    if f.metadata.get("positional"):
+        return f.name.upper()
+    return field_flag(f).split("/")[0]
 
 
 def _flat_fields(classes: tuple[type, ...]) -> dict[str, tuple[dataclasses.Field, Any]]:
@@ -99,9 +116,13 @@ def _parameter(f: dataclasses.Field, hint: Any, loose: bool) -> Any:
         default = None
     if parse is not None and isinstance(default, tuple):
         default = ",".join(str(item) for item in default)  # shown and parsed like a typed value
+    check = meta.get("check")
+    text = meta.get("help") or None
+    if text and check is not None and check.shown:
+        text = f"{text} ({check.summary})"
     if meta.get("positional"):
-        return typer.Argument(default, help=meta.get("help") or None)
-    return typer.Option(default, field_flag(f), help=meta.get("help") or None, callback=parse,
+        return typer.Argument(default, help=text)
+    return typer.Option(default, field_flag(f), help=text, callback=parse,
                         default_factory=factory, show_default=factory is None)  # a computed default: the help says it
 
 

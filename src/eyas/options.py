@@ -1,30 +1,116 @@
-"""One schema for every option: a dataclass field holds its default and its help text.
+"""One schema for every option: a dataclass field holds its default, its help text and its allowed values.
 
 The command line (``eyas.flags``), run configs (``eyas.config``) and Python callers all read an
-option from its field, so a default is written once (flag > file > default). Each stage keeps its
+option from its field, so a default is written once (flag > file > default), and so is its range:
+``option(check=...)`` is tested when an options dataclass is built (every one derives from
+:class:`Options`), when a run config is read, and so on the command line. Each stage keeps its
 options next to it (``data/options.py``, ``capture/options.py``, ...); this module holds the field
-helper, the engine options ``eyas bench`` and ``eyas generate`` share, and the options of the
-commands that are not stages. Nothing here imports torch: ``eyas --help`` and ``import eyas.config``
-stay light.
+helper and its checks, the engine options ``eyas bench`` and ``eyas generate`` share, and the
+options of the commands that are not stages. Nothing here imports torch: ``eyas --help`` and
+``import eyas.config`` stay light.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eyas.engine.modes import MODE_SPELLING, parse_mode
+from eyas.errors import EyasError, OptionError
+
+
+@dataclass(frozen=True)
+class Check:
+    """What an option's value must be: ``test`` passes or fails a value, ``expected`` says what passes (in errors,
+    and in the flag's help when ``shown``); ``items``: the rule is each item's, of a tuple or list."""
+
+    test: Callable[[Any], bool]
+    expected: str
+    shown: bool = True
+    items: bool = False
+
+    @property
+    def summary(self) -> str:
+        """The rule in the flag's help: "≥ 1", "each in [0, 1)"."""
+        return ("each " if self.items else "") + self.expected
+
+    def problem(self, value: Any) -> str | None:
+        """None when ``value`` passes (None, an option not given, always does), else the rule it breaks
+        ("must be ≥ 1", "each must be in [0, 1)")."""
+        if value is None:
+            return None
+        try:
+            passed = self.test(value)
+        except (TypeError, ValueError, EyasError) as refused:
+            if getattr(refused, "rule", None):  # a check function that says which rule it is (a mode's)
+                return refused.rule
+            passed = False
+        return None if passed else ("each " if self.items else "") + "must be " + self.expected
+
+
+def at_least(low: float) -> Check:
+    """Values ≥ ``low``."""
+    return Check(lambda value: value >= low, f"≥ {low}")
+
+
+def above(low: float) -> Check:
+    """Values > ``low``."""
+    return Check(lambda value: value > low, f"> {low}")
+
+
+def within(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> Check:
+    """Values between ``low`` and ``high``, each end included unless it is open."""
+    def test(value):
+        return (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+
+    return Check(test, f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}")
+
+
+def one_of(*names: str) -> Check:
+    """One of ``names`` (not repeated in the help, which names them)."""
+    return Check(lambda value: value in names, "one of " + ", ".join(names), shown=False)
+
+
+def each(check: Check) -> Check:
+    """A tuple or list whose every item passes ``check``."""
+    return Check(lambda values: all(check.problem(v) is None for v in values), check.expected, check.shown, items=True)
+
+
+SEED = within(0, 2**32 - 1)  # every seed: what torch, numpy and the servers' samplers all take
+DEVICE = Check(lambda value: re.fullmatch(r"cpu|cuda(:\d+)?", value) is not None, "cpu, cuda or cuda:N", shown=False)
+
+
+class Options:
+    """Base of every options dataclass: building one tests each field against its ``option(check=...)``."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            rule = field_problem(f, value)
+            if rule is not None:
+                raise OptionError(type(self).__name__, f.name, value, rule)
+
+
+def field_problem(f: dataclasses.Field, value: Any) -> str | None:
+    """The rule of the field's check that ``value`` breaks ("must be ≥ 1"), or None when it passes."""
+    check = f.metadata.get("check")
+    return None if check is None else check.problem(value)
+
 
 def option(default: Any = MISSING, help: str = "", *, flag: str | None = None, positional: bool = False,
-           factory: Callable[[], Any] | None = None) -> Any:
-    """A dataclass field: its default (none = required; ``factory`` = computed), help, and flag if not ``--name``.
+           factory: Callable[[], Any] | None = None, check: Check | None = None) -> Any:
+    """A dataclass field: its default (none = required; ``factory`` = computed), help, flag if not ``--name``,
+    and ``check``, what its values must be.
 
     ``flag`` spells a bool pair as ``--x/--no-x``; ``positional`` makes it a command argument.
     On the command line a tuple is comma-separated text (``--layer-ids 2,15,27``), a list a
     repeatable flag, and a nested options dataclass contributes its own fields as flags.
     """
-    metadata = {"help": help, "flag": flag, "positional": positional}
+    metadata = {"help": help, "flag": flag, "positional": positional, "check": check}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -32,7 +118,8 @@ def option(default: Any = MISSING, help: str = "", *, flag: str | None = None, p
 
 def remote_code() -> Any:
     """The ``trust_remote_code`` field every command that loads a target has."""
-    return option(False, "allow (and run) model code shipped with the target")
+    return option(False, "allow (and run) Python code shipped with the target (transformers' trust_remote_code): only "
+                  "for a target you trust")
 
 
 def chat_template_file() -> Any:
@@ -48,15 +135,18 @@ def force_option() -> Any:
 
 
 @dataclass(kw_only=True)
-class EngineOptions:
+class EngineOptions(Options):
     """How eyas' engine decodes (``eyas bench``, ``eyas generate``): sampling, answer length, device, CUDA graphs."""
 
     temperature: float = option(0.0, "sampling temperature; 0 = greedy (eyas bench then also compares the outputs with "
-                                "plain decoding)")
-    top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens holding this probability")
-    max_new_tokens: int = option(256, "longest answer in tokens")
-    seed: int = option(0, "sampling seed")
-    device: str | None = option(None, "cuda or cpu (default: cuda when available)")
+                                "plain decoding)", check=at_least(0))
+    top_p: float = option(1.0, "nucleus sampling (with --temperature > 0): sample from the smallest set of tokens "
+                          "whose probabilities add up to this; 1 = every token", check=within(0, 1, low_open=True))
+    max_new_tokens: int = option(256, "longest answer in tokens", check=at_least(1))
+    seed: int = option(0, "seed of the sampling draws (with --temperature > 0): the same seed, the same output",
+                       check=SEED)
+    device: str | None = option(None, "where the target and drafter run: cuda, cuda:N or cpu (default: cuda when "
+                                "available)", check=DEVICE)
     trust_remote_code: bool = remote_code()
     chat_template: Path | None = chat_template_file()
     graphs: bool = option(True, "on CUDA, replay decoding rounds from CUDA graphs", flag="--graphs/--no-graphs")
@@ -67,7 +157,7 @@ class EngineOptions:
 
 
 @dataclass
-class InspectOptions:
+class InspectOptions(Options):
     """The options of ``eyas inspect``."""
 
     target: str = option(help="hub id, HF directory, .gguf file, or 'demo'", positional=True)
@@ -76,7 +166,7 @@ class InspectOptions:
 
 
 @dataclass
-class CheckOptions:
+class CheckOptions(Options):
     """The options of ``eyas check``."""
 
     draft_dir: Path = option(help="a drafter directory (eyas', SpecForge's, EAGLE's, ...)", positional=True)
@@ -88,15 +178,15 @@ class GenerateOptions(EngineOptions):
     """The options of ``eyas generate``."""
 
     prompt: str = option(help="the user message (the chat template is applied)", positional=True)
-    target: str = option(help="the target that answers")
+    target: str = option(help="the target that answers: a hub id, an HF directory, a .gguf file or 'demo'")
     draft: Path | None = option(None, "DRAFT_DIR; without it the target decodes alone")
-    mode: str = option("chain:5", "chain:K or tree:TOTAL,DEPTH,TOPK")
+    mode: str = option("chain:5", "chain:K or tree:TOTAL,DEPTH,TOPK", check=Check(parse_mode, MODE_SPELLING, shown=False))
     as_json: bool = option(False, "print one JSON object at the end instead of streaming: token_ids (generated only), "
                            "text, and with --draft tau and rounds", flag="--json")
 
 
 @dataclass
-class RunOptions:
+class RunOptions(Options):
     """The options of ``eyas run``."""
 
     config: Path = option(help="a TOML run config (see examples/*.toml)", positional=True)
@@ -106,7 +196,7 @@ class RunOptions:
 
 
 @dataclass
-class DemoOptions:
+class DemoOptions(Options):
     """The options of ``eyas demo``."""
 
     out: Path = option(Path("eyas-demo"), "where the demo writes its stage directories")

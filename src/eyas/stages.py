@@ -69,6 +69,9 @@ def _train(options: TrainOptions, console: Console) -> Any:
                       f"{first['tau_answer_start']:.2f} → {last['tau_answer_start']:.2f})", soft_wrap=True)
     elif last:
         console.print(f"holdout: simulated τ {last['tau']:.2f}", soft_wrap=True)
+    elif report.steps:
+        console.print("holdout: none, so nothing was evaluated: the training data has no holdout samples (eyas prepare "
+                      "--holdout, and with a feature store eyas capture --splits train,holdout)", soft_wrap=True)
     return report
 
 

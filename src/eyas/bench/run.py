@@ -19,36 +19,10 @@ import torch
 
 from eyas.data.benchmarks import Prompt
 from eyas.engine.acceptance import Sampling
-from eyas.engine.decode import Generation, Speculation, generate
+from eyas.engine.decode import Generation, generate
 from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.modes import Speculation
 from eyas.engine.target_runner import TargetRunner
-from eyas.errors import EyasError
-
-
-def parse_mode(text: str) -> Speculation:
-    """``chain:K`` or ``tree:TOTAL,DEPTH,TOPK`` (the EAGLE reference's tree is tree:60,7,10)."""
-    kind, _, args = text.partition(":")
-    try:
-        numbers = [int(x) for x in args.split(",")] if args else []
-        if kind == "chain" and len(numbers) == 1 and numbers[0] >= 1:
-            return Speculation("chain", draft_length=numbers[0])
-        if kind == "tree" and len(numbers) == 3 and all(n >= 1 for n in numbers):
-            return Speculation("tree", total=numbers[0], depth=numbers[1], top_k=numbers[2])
-    except ValueError:
-        pass
-    raise EyasError(f"mode {text!r}: write chain:K (e.g. chain:5) or tree:TOTAL,DEPTH,TOPK (e.g. tree:60,7,10)")
-
-
-def parse_modes(text: str) -> list[Speculation]:
-    """'chain:5,tree:60,7,10' → two modes: a new one starts at each 'name:' (';' also separates)."""
-    modes: list[str] = []
-    for part in text.replace(";", ",").split(","):
-        part = part.strip()
-        if ":" in part or not modes:
-            modes.append(part)
-        else:
-            modes[-1] += "," + part
-    return [parse_mode(m) for m in modes if m]
 
 
 @dataclass

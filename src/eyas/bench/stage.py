@@ -13,11 +13,12 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     without manifest.json.
     """
     from eyas.bench.report import REPORT_FILES, write_report
-    from eyas.bench.run import parse_modes, run_bench
+    from eyas.bench.run import run_bench
     from eyas.data.benchmarks import load_prompts
     from eyas.data.render import read_chat_template
     from eyas.engine.acceptance import Sampling
     from eyas.engine.loading import load_engine, load_target_for
+    from eyas.engine.modes import parse_modes, target_capacity
     from eyas.manifest import clear_manifest, input_record, verify_stage_dir, write_manifest
     from eyas.outputs import check_space, claim_out, input_places, refuse_other_inputs, writing
     from eyas.progress import progress_bar
@@ -44,10 +45,9 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
         raise EyasError(f"no prompts left to benchmark (dropped: {dropped})")
     # caches sized to the longest chosen prompt, not to --max-prompt-tokens: static-shape attention (CUDA graphs)
     # spans the whole cache, and a multi-token step costs ~2× more over 2,048 slots than over 660 (BENCHMARKS.md)
-    longest = max(len(prompt.input_ids) for prompt in chosen)
-    capacity = longest + options.max_new_tokens + max(m.draft_tokens for m in modes) + 1
+    capacity = target_capacity(max(len(prompt.input_ids) for prompt in chosen), options.max_new_tokens, modes)
     engine = load_engine(options.target, options.draft, capacity, options.device, options.trust_remote_code,
-                         target=target, graphs=options.graphs, compile=options.compile, lean=options.lean)
+                         target=target, graphs=options.graphs, compile=options.compile, lean=options.lean, modes=modes)
     sampling = Sampling(temperature=options.temperature, top_p=options.top_p, seed=options.seed)
     with progress_bar("bench", len(chosen), unit="prompt") as bar:
         result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, sampling, options.max_new_tokens,

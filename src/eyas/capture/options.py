@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import force_option, option, remote_code
+from eyas.options import Options, above, at_least, each, force_option, one_of, option, remote_code
 
 
 def _writer_threads() -> int:
@@ -15,7 +15,7 @@ def _writer_threads() -> int:
 
 
 @dataclass
-class CaptureOptions:
+class CaptureOptions(Options):
     """Capture the target's hidden states for DATA_DIR into FEATURES_DIR (sharded safetensors).
 
     Estimates the bytes first and refuses when the disk is short. Killed at any moment, the same
@@ -27,23 +27,26 @@ class CaptureOptions:
     data: Path = option(help="DATA_DIR written by eyas prepare")
     out: Path = option(help="FEATURES_DIR to write (resumable: rerun the same command)")
     dtype: str = option("bf16", "storage precision: bf16, fp16, fp32, or fp8 (e4m3 + per-token scale, half of bf16)")
-    layer_ids: tuple[int, ...] | None = option(None, "eyas layer ids, e.g. 2,15,27 (default: 2, N//2, N-3)")
+    layer_ids: tuple[int, ...] | None = option(None, "eyas layer ids, e.g. 2,15,27 (default: 2, N//2, N-3)",
+                                               check=each(at_least(0)))
     splits: tuple[str, ...] = option(("train", "holdout"), "which DATA_DIR splits to capture")
-    token_budget: int = option(16384, "tokens per forward batch, padding included")
-    max_batch: int = option(64, "most sequences per forward batch")
-    shard_mb: int = option(256, "approximate shard size in MiB")
-    max_gb: float | None = option(None, "cap the store size: samples beyond it are left out")
+    token_budget: int = option(16384, "tokens per forward batch, padding included", check=at_least(1))
+    max_batch: int = option(64, "most sequences per forward batch", check=at_least(1))
+    shard_mb: int = option(256, "approximate shard size in MiB (0: one forward batch per shard)", check=at_least(0))
+    max_gb: float | None = option(None, "cap the store size: samples beyond it are left out", check=above(0))
     force: bool = force_option()
-    engine: str = option("hf", "hf (in-process transformers) or vllm (vLLM's extract_hidden_states)")
+    engine: str = option("hf", "hf (in-process transformers) or vllm (vLLM's extract_hidden_states)",
+                         check=one_of("hf", "vllm"))
     vllm_python: str | None = option(None, "python of the vLLM environment (engine vllm)")
     trust_remote_code: bool = remote_code()
     writer_threads: int = option(help="threads hashing and writing shards (default: half the cores, 2 to 4)",
-                                 factory=_writer_threads)
+                                 factory=_writer_threads, check=at_least(1))
 
 
 @dataclass
-class StoreCheckOptions:
+class StoreCheckOptions(Options):
     """``eyas capture --check FEATURES_DIR``: verify a store instead of capturing one."""
 
     check: Path | None = option(None, "verify FEATURES_DIR (checksums, counts, re-capture a few samples)")
-    check_samples: int = option(4, "samples --check re-captures with the live target")
+    check_samples: int = option(4, "samples --check re-captures with the live target (0: checksums and counts only)",
+                                check=at_least(0))

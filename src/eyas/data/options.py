@@ -5,30 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import chat_template_file, force_option, option, remote_code
+from eyas.options import SEED, Options, above, at_least, chat_template_file, force_option, one_of, option, remote_code, within
 
 
 @dataclass
-class RegenerationOptions:
+class RegenerationOptions(Options):
     """How to generate: sampling, limits, and where the target runs (a server, or in-process)."""
 
-    temperature: float = option(0.0, "regeneration sampling temperature (0 = greedy)")
-    max_new_tokens: int = option(1024, "longest regenerated answer")
+    temperature: float = option(0.0, "regeneration sampling temperature (0 = greedy)", check=at_least(0))
+    max_new_tokens: int = option(1024, "longest regenerated answer", check=at_least(1))
     server: str | None = option(None, "OpenAI-compatible server for --regenerate (e.g. http://127.0.0.1:8000/v1)")
     model: str | None = option(None, "model name on the server (default: its first model)", flag="--server-model")
-    concurrency: int = option(16, "parallel requests to the server")
-    batch_size: int = option(8, "prompts per batch when regenerating in-process")
+    concurrency: int = option(16, "parallel requests to the server", check=at_least(1))
+    batch_size: int = option(8, "prompts per batch when regenerating in-process", check=at_least(1))
     # a GPU decode step is launch-bound without a static cache
     static_cache: bool | None = option(None, "in-process: generate over a reused static KV cache that transformers compiles "
                                        "(default: on CUDA; each prompt-width bucket compiles once)",
                                        flag="--static-cache/--no-static-cache")
-    retries: int = option(3, "retries per request (exponential backoff)")
-    timeout: float = option(300.0, "seconds per request")
-    seed: int = option(0, "regeneration sampling seed (with --temperature > 0)")
+    retries: int = option(3, "retries per request (exponential backoff)", check=at_least(0))
+    timeout: float = option(300.0, "seconds per request", check=above(0))
+    seed: int = option(0, "regeneration sampling seed (with --temperature > 0)", check=SEED)
 
 
 @dataclass
-class PrepareOptions:
+class PrepareOptions(Options):
     """Turn conversations into DATA_DIR: token ids, assistant-only loss masks, train/holdout split, draft vocab.
 
     Malformed records are skipped and counted (file and line); statistics are printed and saved in
@@ -40,16 +40,19 @@ class PrepareOptions:
     data: list[str] = option(help="a .json/.jsonl/.parquet file, a folder of them, 'sharegpt' (built in) or a hub dataset; "
                              "repeatable")
     out: Path = option(help="DATA_DIR to write")
-    max_length: int = option(2048, "longest sample in tokens")
-    overflow: str = option("truncate", "what to do with longer samples: truncate or drop", flag="--on-overflow")
-    holdout: float = option(0.05, "fraction held out for evaluation (chosen by a hash of the sample id)")
-    draft_vocab_size: int = option(32000, "draft vocabulary size Vd (identity when ≥ the target's vocabulary)")
+    max_length: int = option(2048, "longest sample in tokens", check=at_least(2))
+    overflow: str = option("truncate", "what to do with longer samples: truncate or drop", flag="--on-overflow",
+                           check=one_of("truncate", "drop"))
+    holdout: float = option(0.05, "fraction held out for evaluation (chosen by a hash of the sample id)",
+                            check=within(0, 1, high_open=True))
+    draft_vocab_size: int = option(32000, "draft vocabulary size Vd (identity when ≥ the target's vocabulary)",
+                                   check=at_least(1))
     chat_template: Path | None = chat_template_file()
-    limit: int | None = option(None, "use only the first N usable conversations")
+    limit: int | None = option(None, "use only the first N usable conversations", check=at_least(1))
     regenerate: bool = option(False, "replace every assistant turn by the target's own answer")
     regeneration: RegenerationOptions = option(factory=RegenerationOptions)
     # not part of the fingerprint: the answers do not depend on how the conversations were spread over GPUs
     workers: int | None = option(None, "in-process regeneration: one worker (a copy of the target) per GPU, each answering "
-                                 "every N-th conversation (default: every visible GPU)")
+                                 "every N-th conversation (default: every visible GPU)", check=at_least(1))
     force: bool = force_option()
     trust_remote_code: bool = remote_code()

@@ -115,12 +115,6 @@ class AlreadyPrepared(EyasError):
 
 
 def _check_options(options: PrepareOptions) -> None:
-    if options.overflow not in ("truncate", "drop"):
-        raise EyasError(f"--on-overflow must be 'truncate' or 'drop', not {options.overflow!r}")
-    if not 0 <= options.holdout < 1:
-        raise EyasError(f"--holdout is a fraction in [0, 1), got {options.holdout}")
-    if options.max_length < 2 or options.draft_vocab_size < 1:
-        raise EyasError("--max-length must be ≥ 2 and --draft-vocab-size ≥ 1")
     if not options.data:
         raise EyasError("give at least one --data source (a file, a folder, 'sharegpt' or a hub dataset)")
 

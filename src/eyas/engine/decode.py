@@ -18,7 +18,8 @@ import torch
 from eyas.engine.acceptance import Sampling, sample, target_probs
 from eyas.engine.burst import Burst
 from eyas.engine.draft_runner import DraftRunner
-from eyas.engine.round import Round, Speculation
+from eyas.engine.modes import Speculation
+from eyas.engine.round import Round
 from eyas.engine.target_runner import TargetRunner
 
 __all__ = ["Generation", "Speculation", "generate", "round_for"]

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.modes import tree_size
 from eyas.engine.topk import largest
 
 
@@ -37,11 +38,6 @@ def draft_chain(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tens
         token = drafter.drafter.to_target_ids(ids).view(1, 1)
         drafted.append(token)
     return torch.cat(drafted, dim=1)[0]
-
-
-def tree_size(top_k: int, depth: int, total: int) -> int:
-    """Draft nodes of a dynamic tree: ``total``, or every proposal when there are fewer."""
-    return min(total, top_k + (depth - 1) * top_k * top_k)
 
 
 def draft_tree(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.modes import Speculation, check_modes_fit, drafter_spare
 from eyas.engine.target_runner import TargetRunner
 
 
@@ -21,18 +23,15 @@ class Engine:
     stop_ids: set[int] = field(default_factory=set)
 
 
-DRAFTER_SPARE = 16  # max depth + 1 of any mode up to depth 15: see load_engine
-
-
 def load_engine(target_spec: str, draft_dir: Path | None, capacity: int, device: str | None = None,
                 trust_remote_code: bool = False, dtype: torch.dtype | None = None, target=None,
-                graphs: bool = True, compile: bool = False, lean: bool = True) -> Engine:
+                graphs: bool = True, compile: bool = False, lean: bool = True,
+                modes: Sequence[Speculation] = ()) -> Engine:
     """Target (eyas' default dtype for the device unless given) and, with ``draft_dir``, its drafter (same device
     and dtype); ``target`` reuses an already loaded target. ``graphs``: on CUDA, decoding steps replay CUDA
     graphs; ``compile``: the target's steps are fused by torch.compile before recording; ``lean``: Llama-family
-    targets decode through :mod:`eyas.engine.fused_llama`. The drafter's cache holds ``DRAFTER_SPARE`` slots
-    more than the target's: a burst round commits max depth + 1 states whatever was accepted, so without them
-    the last rounds of a generation would leave the bursts."""
+    targets decode through :mod:`eyas.engine.fused_llama`. The drafter's cache holds :func:`drafter_spare` slots more
+    than the target's for the ``modes`` it will decode (a tree wider than the drafter's vocabulary is refused)."""
     from eyas.export.load import load_drafter
     from eyas.target.loading import load_target, stop_ids
 
@@ -42,9 +41,10 @@ def load_engine(target_spec: str, draft_dir: Path | None, capacity: int, device:
     if draft_dir is not None:
         drafter = load_drafter(draft_dir, layout.embed.weight, layout.num_layers, device=layout.embed.weight.device,
                                dtype=layout.embed.weight.dtype)
+        check_modes_fit(modes, drafter.config.draft_vocab_size, str(draft_dir))
     runner = TargetRunner(target.model, layout, drafter.config.layer_ids if drafter else None, capacity, graphs=graphs,
                           compile=compile, lean=lean)
-    draft_runner = DraftRunner(drafter, capacity + DRAFTER_SPARE) if drafter else None
+    draft_runner = DraftRunner(drafter, capacity + drafter_spare(modes)) if drafter else None
     return Engine(target, runner, draft_runner, set(stop_ids(target.model, target.tokenizer)))
 
 

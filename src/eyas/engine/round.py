@@ -19,40 +19,17 @@ then the commit recorded as another.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
 from eyas.engine.acceptance import Sampling, chain_verdict, sample, target_probs, tree_verdict, walk_sampling
 from eyas.engine.draft_runner import DraftRunner
-from eyas.engine.drafting import ancestor_mask, draft_chain, draft_tree, proposal_depths, tree_size
+from eyas.engine.drafting import ancestor_mask, draft_chain, draft_tree, proposal_depths
 from eyas.engine.graphs import InputBuffer
+from eyas.engine.modes import Speculation
 from eyas.engine.target_runner import TargetRunner
 from eyas.errors import EyasError
-
-
-@dataclass(frozen=True)
-class Speculation:
-    """``chain``: ``draft_length`` tokens; ``tree``: EAGLE-2 dynamic tree (top_k, depth, total draft tokens)."""
-
-    mode: str = "chain"
-    draft_length: int = 5
-    top_k: int = 10
-    depth: int = 7
-    total: int = 60
-
-    @property
-    def draft_tokens(self) -> int:
-        """Tokens verified after the root each round: what the caches must hold beyond the answer."""
-        return self.draft_length if self.mode == "chain" else self.total
-
-    @property
-    def max_depth(self) -> int:
-        return self.draft_length if self.mode == "chain" else self.depth
-
-    def label(self) -> str:
-        return f"chain:{self.draft_length}" if self.mode == "chain" else f"tree:{self.total},{self.depth},{self.top_k}"
 
 
 class RoundState:
@@ -147,16 +124,14 @@ class Round:
             self._one = torch.ones(1, 1, dtype=torch.long, device=device)
             self._none = torch.zeros(1, dtype=torch.long, device=device)
             self.nodes, self.target_writes, self.drafter_writes = 0, 1, 0
-        elif self.mode == "chain":
+        else:
+            self.nodes, self.target_writes, self.drafter_writes = (speculation.nodes, speculation.target_writes,
+                                                                   speculation.drafter_writes)
+        if self.mode == "chain":
             k = speculation.draft_length
             self._causal = torch.ones(k + 1, k + 1, dtype=torch.long, device=device).tril()
-            # the drafter commits k + 1 states, then writes k − 1 drafts after the valid ones
-            self.nodes, self.target_writes, self.drafter_writes = k, k + 1, 2 * k
-        else:
+        elif self.mode == "tree":
             top_k, depth = speculation.top_k, speculation.depth
-            self.nodes = tree_size(top_k, depth, speculation.total)
-            # the drafter commits depth + 1 states, then (depth − 1)·top_k speculative entries
-            self.target_writes, self.drafter_writes = self.nodes + 1, depth + 1 + (depth - 1) * top_k
             self._proposal_depths = proposal_depths(top_k, depth, drafter.device)
             self._root_parent = torch.full((1,), -1, dtype=torch.long, device=device)
             self._root_depth = torch.zeros(1, dtype=torch.long, device=device)

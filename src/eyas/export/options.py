@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import force_option, option
+from eyas.options import Options, force_option, option
 
 
 @dataclass
-class ExportOptions:
+class ExportOptions(Options):
     """Export a trained drafter in the EAGLE-3 format SGLang and vLLM both load, then check it."""
 
     run_dir: Path = option(help="RUN_DIR written by eyas train", positional=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import force_option, option, remote_code
+from eyas.options import SEED, Options, above, at_least, each, force_option, option, remote_code, within
 
 
 @dataclass
-class TrainOptions:
+class TrainOptions(Options):
     """Train an EAGLE-3 drafter with training-time test, from FEATURES_DIR or online from DATA_DIR."""
 
     target: str = option(help="the target the drafter serves")
@@ -21,24 +21,27 @@ class TrainOptions:
     resume: bool = option(False, "continue RUN_DIR from its latest checkpoint (only the step limit, checkpoint cadence, "
                           "--fsdp and --trust-remote-code may differ from the run's)")
     force: bool = force_option()
-    ttt_steps: int = option(7, "training-time-test steps K")
-    step_decay: float = option(0.8, "weight of step k's loss is decay^k")
-    lr: float = option(1e-4, "peak learning rate (AdamW)")
-    betas: tuple[float, float] = option((0.9, 0.95), "AdamW betas")
-    weight_decay: float = option(0.0, "AdamW weight decay")
-    warmup_ratio: float = option(0.015, "share of steps with linear warm-up (then cosine)")
-    clip: float = option(0.5, "gradient-norm clip")
-    epochs: float = option(1.0, "passes over the training split")
-    max_steps: int | None = option(None, "stop after this many optimizer steps")
-    token_budget: int = option(8192, "tokens per micro-batch, padding included")
-    grad_accum: int = option(1, "micro-batches per optimizer step")
-    checkpoint_every: int = option(500, "optimizer steps between checkpoints (and holdout evaluations)")
-    eval_batches: int | None = option(50, "holdout batches per evaluation (all if not given)")
-    keep: int = option(3, "checkpoints kept (the oldest are deleted)")
-    seed: int = option(0, "seed of the drafter's initialisation and the batch order")
+    ttt_steps: int = option(7, "training-time-test steps K", check=at_least(1))
+    step_decay: float = option(0.8, "weight of step k's loss is decay^k", check=within(0, 1, low_open=True))
+    # benchmarks/LOG.md "Learning rate": a sweep from 1e-4 to 1.5e-2 peaked at 3e-3 (2e-3 – 5e-3 within 3 %)
+    lr: float = option(3e-3, "peak learning rate (AdamW); the default is the best of the project's sweep on the demo "
+                       "target (1e-4 … 1.5e-2, broad optimum 2e-3 – 5e-3; benchmarks/LOG.md)", check=above(0))
+    betas: tuple[float, float] = option((0.9, 0.95), "AdamW betas", check=each(within(0, 1, high_open=True)))
+    weight_decay: float = option(0.0, "AdamW weight decay", check=at_least(0))
+    warmup_ratio: float = option(0.015, "share of steps with linear warm-up (then cosine)", check=within(0, 1))
+    clip: float = option(0.5, "gradient-norm clip", check=above(0))
+    epochs: float = option(1.0, "passes over the training split", check=above(0))
+    max_steps: int | None = option(None, "stop after this many optimizer steps", check=at_least(1))
+    token_budget: int = option(8192, "tokens per micro-batch, padding included", check=at_least(1))
+    grad_accum: int = option(1, "micro-batches per optimizer step", check=at_least(1))
+    checkpoint_every: int = option(500, "optimizer steps between checkpoints (and holdout evaluations)", check=at_least(1))
+    eval_batches: int | None = option(50, "holdout batches per evaluation (all if not given)", check=at_least(1))
+    keep: int = option(3, "checkpoints kept (the oldest are deleted)", check=at_least(1))
+    seed: int = option(0, "seed of the drafter's initialisation and the batch order", check=SEED)
     fsdp: bool = option(False, "under torchrun: shard the drafter over ranks with FSDP2 (for drafters of very large targets)")
-    hidden_size: int | None = option(None, "drafter width (default: the target's)")
-    layer_ids: tuple[int, ...] | None = option(None, "online only: eyas layer ids (default 2, N//2, N-3)")
+    hidden_size: int | None = option(None, "drafter width (default: the target's)", check=at_least(1))
+    layer_ids: tuple[int, ...] | None = option(None, "online only: eyas layer ids (default 2, N//2, N-3)",
+                                               check=each(at_least(0)))
     verify: bool = option(True, "before the first step, check FEATURES_DIR's shards against the SHA-256 its manifest "
                           "records and that --target is the target the store was captured from; --no-verify skips both "
                           "and says so (shard sizes and the target's sizes are still checked)", flag="--verify/--no-verify")

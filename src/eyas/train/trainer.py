@@ -302,6 +302,8 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
     if not source.batches:
         raise EyasError(f"{options.features or options.data} has an empty train split: nothing to train on; capture (or "
                         "prepare) one with the train split")
+    if holdout is not None and not holdout.batches:
+        holdout = None  # an empty holdout evaluates nothing: no evaluation is reported, not a loss of 0
     if not vocab_path.is_file():
         raise EyasError(f"{vocab_path} is missing: the draft vocabulary comes from eyas prepare's DATA_DIR")
     vocab = load_vocab(vocab_path)
