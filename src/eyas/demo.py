@@ -6,7 +6,7 @@ through the same pipeline as ``eyas run``: prepare ShareGPT conversations into D
 (``<out>/data``), capture the holdout split into FEATURES_DIR (``<out>/features``), train a drafter
 online into RUN_DIR (``<out>/run``), export it to DRAFT_DIR (``<out>/draft``), benchmark it in eyas'
 engine on MT-bench, HumanEval and the ShareGPT holdout into REPORT_DIR (``<out>/bench``); check the
-drafter and end with a table: τ, speedup, where everything is. Sized for about a quarter of an hour
+drafter and end with a table: τ, speedup, where everything is. Sized for about 15 minutes
 on two cores — a drafter trained for minutes on a CPU is weak, and the table says so in numbers;
 ``--quick`` runs every stage at smoke-test size.
 """

@@ -200,4 +200,4 @@ class DemoOptions(Options):
     """The options of ``eyas demo``."""
 
     out: Path = option(Path("eyas-demo"), "where the demo writes its stage directories")
-    quick: bool = option(False, "every stage at smoke-test size (about a minute)")
+    quick: bool = option(False, "every stage at smoke-test size (a few minutes on two cores): proves the pipeline runs, not the drafter")
