@@ -56,7 +56,23 @@ def run(args: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """Uninterrupted runs of each command, and every scenario's killed run: name → (its command, its --out)."""
+    """Uninterrupted runs of each command, and every scenario's killed run: name → (its command, its --out).
+
+    Every run of this module uses one CPU thread, the killed ones (OMP_NUM_THREADS=1) and the ones in this process
+    alike: a CPU reduction's result depends on how many threads share it, so a resume is bit-identical to an
+    uninterrupted run on the same machine with the same thread count, not across thread counts.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield _world(tmp_path_factory)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _world(tmp_path_factory):
     root = tmp_path_factory.mktemp("kill")
     target = zoo.save_tiny_target(root / "target")
     data = zoo.write_data_dir(root / "data")
