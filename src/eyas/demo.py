@@ -117,11 +117,11 @@ def _closing_table(console: Console, config: RunConfig, trained, bench, seconds:
     from eyas.bench.report import rows, speedup_text
 
     table = Table(title=f"eyas demo — done in {seconds / 60:.1f} min")
-    for column in ("dataset", "mode", "τ", "tok/s spec / plain", "speedup", "greedy == plain"):
+    for column in ("dataset", "mode", "τ", "tok/s spec / plain", "speedup (prompts' range)", "greedy == plain"):
         table.add_column(column)
     for r in rows(bench):
         table.add_row(r["dataset"], r["mode"], f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f} / {r['plain_tokens_per_second']:.1f}",
-                      speedup_text(r), f"{r['matches_plain']}/{r['prompts']}")
+                      speedup_text(r, short=True), f"{r['matches_plain']}/{r['prompts']}")
     console.print(table)
     if trained is not None and trained.initial_eval and trained.final_eval:  # none without a holdout
         console.print(f"training: holdout step-0 acceptance {trained.initial_eval['acceptance_cumulative'][0]:.3f} → "

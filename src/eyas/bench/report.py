@@ -32,12 +32,12 @@ def rows(result: BenchResult) -> list[dict]:
     return out
 
 
-def speedup_text(row: dict) -> str:
-    """``0.61× (0.55–0.70 over 3 prompts)``: the pooled speedup and its spread over prompts."""
+def speedup_text(row: dict, short: bool = False) -> str:
+    """``0.61× (0.55–0.70 over 3 prompts)``: the pooled speedup and its spread over prompts (``short``: no count)."""
     text = f"{row['speedup']:.2f}×"
     low_high = row.get("speedup_range")
     if low_high and row["prompts"] > 1:
-        text += f" ({low_high[0]:.2f}–{low_high[1]:.2f} over {row['prompts']} prompts)"
+        text += f" ({low_high[0]:.2f}–{low_high[1]:.2f}" + (")" if short else f" over {row['prompts']} prompts)")
     return text
 
 
