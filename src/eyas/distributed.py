@@ -48,6 +48,15 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def rank_and_world() -> tuple[int, int]:
+    """(this process's rank, processes in the job): (0, 1) without torchrun."""
+    import torch.distributed as dist
+
+    if world_size() == 1:
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
 def barrier() -> None:
     """Wait for every rank (no-op in a world of one)."""
     if world_size() > 1:

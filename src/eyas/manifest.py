@@ -35,6 +35,7 @@ REMEDIES = {  # what to do when a finished stage directory is damaged
     "export": "export it again (eyas export RUN_DIR --out DRAFT_DIR)",
     "bench": "rerun the eyas bench command that wrote it",
 }
+CHANGED = "its SHA-256 differs from the manifest's (the bytes changed after they were written)"  # file_problem's verdict
 COMMON_FIELDS = ("format", "stage", "eyas_version", "git_commit", "created", "options", "inputs", "outputs")
 
 
@@ -117,7 +118,7 @@ def file_problem(path: Path, size: int, sha256: str | None, digest: bool = True)
     if found != size:
         return f"{found:,} bytes where the manifest records {size:,} (truncated or replaced)"
     if digest and sha256 is not None and file_sha256(path) != sha256:
-        return "its SHA-256 differs from the manifest's (the bytes changed after they were written)"
+        return CHANGED
     return None
 
 

@@ -22,10 +22,8 @@ from pathlib import Path
 
 from eyas.errors import EyasError
 from eyas.io import is_temp_name, temp_sibling
-from eyas.manifest import FORMATS, MANIFEST
+from eyas.manifest import DIRECTORIES, FORMATS, MANIFEST
 
-DIRECTORIES = {"prepare": "DATA_DIR", "capture": "FEATURES_DIR", "train": "RUN_DIR", "export": "DRAFT_DIR",
-               "bench": "REPORT_DIR"}
 _MARGIN = 0.98  # a filesystem filled to the last byte fails in odd places: keep 2% of the free space
 
 

@@ -16,15 +16,14 @@ from pathlib import Path
 
 import torch
 
-from eyas.distributed import all_reduce_sum, world_size
+from eyas.distributed import all_reduce_sum, rank_and_world
 from eyas.errors import EyasError
-from eyas.manifest import MANIFEST, file_problem
+from eyas.manifest import CHANGED, MANIFEST, file_problem
 from eyas.progress import progress_bar
 from eyas.store.shards import ShardRecord, StoreManifest
 from eyas.target.facts import target_mismatch
 
 REPAIR = "delete it and rerun the eyas capture command that made the store (it recaptures missing shards only)"
-_CHANGED = "its SHA-256 differs from the manifest's (the bytes changed after they were written)"
 
 
 def shard_problems(directory: Path, shards: list[ShardRecord], digest: bool = True) -> dict[str, str]:
@@ -32,7 +31,7 @@ def shard_problems(directory: Path, shards: list[ShardRecord], digest: bool = Tr
     directory = Path(directory)
     problems = {s.file: file_problem(directory / s.file, s.bytes, s.sha256, digest=False) for s in shards}
     if digest:
-        rank, world = _rank_world()
+        rank, world = rank_and_world()
         mine = [s for i, s in enumerate(shards) if i % world == rank and problems[s.file] is None]
         changed = torch.zeros(len(shards))
         index = {s.file: i for i, s in enumerate(shards)}
@@ -45,7 +44,7 @@ def shard_problems(directory: Path, shards: list[ShardRecord], digest: bool = Tr
         all_reduce_sum(changed)  # every rank learns what the others found
         for shard in shards:
             if changed[index[shard.file]] > 0:
-                problems[shard.file] = _CHANGED
+                problems[shard.file] = CHANGED
     return {name: problem for name, problem in problems.items() if problem is not None}
 
 
@@ -69,16 +68,8 @@ def verify_for_training(directory: Path, manifest: StoreManifest, live: dict, ve
         raise EyasError(f"{directory}: {len(problems)} of {len(manifest.shards)} shards fail verification against "
                         f"{MANIFEST} ({first}: {problems[first]}{more}); delete the bad shards and rerun the eyas capture command that "
                         f"made the store (it recaptures missing shards only); eyas capture --check {directory} lists them")
-    if not verify and _rank_world()[0] == 0:
+    if not verify and rank_and_world()[0] == 0:
         gib = sum(s.bytes for s in manifest.shards) / 2**30
         print(f"--no-verify: not checked: the SHA-256 of {len(manifest.shards)} shards ({gib:.2f} GiB) against "
               f"{directory / MANIFEST}, nor that --target is the target they were captured from (sizes were checked)",
               flush=True)
-
-
-def _rank_world() -> tuple[int, int]:
-    if world_size() == 1:
-        return 0, 1
-    import torch.distributed as dist
-
-    return dist.get_rank(), dist.get_world_size()
