@@ -120,3 +120,17 @@ device = "cpu"
     assert max(s for s in steps if s is not None) == 3  # resumed at step 2, one more step
     wrong = runner.invoke(app, ["run", str(config), "--stages", "capture"])
     assert wrong.exit_code == 2 and "not among the config's stages" in wrong.output
+
+
+def test_eyas_run_names_the_override_where_a_stage_names_its_flag(tmp_path, tiny_target):
+    rows = [{"id": "c0", "conversations": [{"from": "human", "value": "Hi?"}, {"from": "gpt", "value": "Hello."}]}]
+    data = write(tmp_path / "chats.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    workdir = tmp_path / "work"
+    (workdir / "data").mkdir(parents=True)
+    write(workdir / "data" / "notes.txt", "someone else's file\n")  # DATA_DIR is not empty: prepare refuses
+    config = write(tmp_path / "run.toml", f'target = "{tiny_target}"\nworkdir = "{workdir}"\nstages = ["prepare"]\n'
+                                          f'[prepare]\ndata = ["{data}"]\n')
+    refused = CliRunner().invoke(app, ["run", str(config)])
+    assert refused.exit_code == 2, refused.output
+    assert "--set prepare.force=true" in refused.output and "--force " not in refused.output, refused.output
+    assert (workdir / "data" / "notes.txt").read_text() == "someone else's file\n"

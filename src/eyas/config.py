@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -217,3 +218,18 @@ def _apply_override(raw: dict, override: str) -> None:
 def _suggest(key: str, known) -> str:
     close = difflib.get_close_matches(key, sorted(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(sorted(known))}"
+
+
+def spelled_for_run(message: str, stage: str) -> str:
+    """A stage's message as ``eyas run`` reads it: a boolean flag of that stage (``--force``, ``--no-verify``)
+    becomes the override that sets it (``--set train.force=true``), since eyas run takes no stage flags."""
+    from eyas.flags import field_flag
+
+    for f in dataclasses.fields(STAGES[stage].options):
+        if f.type not in (bool, "bool"):
+            continue
+        yes, _, no = field_flag(f).partition("/")
+        for flag, value in ((yes, "true"), (no, "false")):
+            if flag:
+                message = re.sub(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", f"--set {stage}.{f.name}={value}", message)
+    return message

@@ -55,7 +55,7 @@ def run_demo(console: Console, out: Path, quick: bool = False) -> None:
     begin = time.perf_counter()
     config = demo_config(out, quick)
     _show_target(console)
-    results = run_pipeline(config, console)
+    results = run_pipeline(config, console, overrides=False)
     if "bench" not in results or exit_code(results["bench"]):  # stopped early (interrupted); the pipeline said why
         return
     console.rule(f"eyas check {config.folder('export')}")

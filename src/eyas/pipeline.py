@@ -13,14 +13,17 @@ from typing import Any
 
 from rich.console import Console
 
-from eyas.config import RunConfig
+from eyas.config import RunConfig, spelled_for_run
+from eyas.errors import EyasError
 from eyas.stages import STAGES, exit_code
 
 
-def run_pipeline(config: RunConfig, console: Console) -> dict[str, Any]:
+def run_pipeline(config: RunConfig, console: Console, overrides: bool = True) -> dict[str, Any]:
     """Run ``config.stages`` one after the other through the stage table; return each stage's result.
 
-    A stage whose result asks for a non-zero exit (training stopped by a signal) ends the run there.
+    A stage whose result asks for a non-zero exit (training stopped by a signal) ends the run there. With
+    ``overrides`` (eyas run; not the demo, which takes none) a stage's error that names one of its flags names
+    the ``--set`` override instead.
     """
     begin = time.perf_counter()
     console.rule(f"eyas run {config.source} — target {config.target}, stages {', '.join(config.stages)}, in {config.workdir}")
@@ -28,7 +31,12 @@ def run_pipeline(config: RunConfig, console: Console) -> dict[str, Any]:
     for stage in config.stages:
         console.rule(f"eyas {stage} → {config.folder(stage)}")
         started = time.perf_counter()
-        results[stage] = STAGES[stage].run(config.options(stage), console)
+        try:
+            results[stage] = STAGES[stage].run(config.options(stage), console)
+        except EyasError as err:
+            if overrides:
+                err.args = (spelled_for_run(str(err), stage), *err.args[1:])
+            raise
         if exit_code(results[stage]):
             return results
         console.print(f"[green]{stage} done[/] in {time.perf_counter() - started:.0f} s", highlight=False)
