@@ -122,6 +122,30 @@ def test_a_resume_reads_moved_data_by_content_and_refuses_other_data(runs, tmp_p
     assert f"this resume gives --features {features}" in line, line
 
 
+def test_a_resume_finds_a_moved_target_by_content_and_refuses_another_one(runs, tmp_path):
+    """The target copied elsewhere (its old path gone) resumes, its new path recorded; a target of the same sizes
+    and config with another embedding, given at the recorded path, is refused before anything is written."""
+    from safetensors.torch import load_file, save_file
+
+    root, target, _, features = runs
+    run = Path(shutil.copytree(root / "resumed", tmp_path / "run"))
+    moved = Path(shutil.copytree(target, tmp_path / "moved-target"))
+    report = train(TrainOptions(target=str(moved), out=run, features=features, resume=True, **{**SMALL, "max_steps": 5}))
+    assert (report.resumed_from, report.steps) == (4, 5)
+    segment = read_json(run / "train_options.json")["segments"][-1]
+    assert segment["changed"] == {"max_steps": {"from": 4, "to": 5}, "out": {"from": str(root / "resumed"), "to": str(run)},
+                                  "target": {"from": str(target), "to": str(moved)}}
+    assert segment["target"]["spec"] == str(moved) and segment["target"]["weights_sha256"]
+    weights = next(moved.glob("*.safetensors"))
+    tensors = load_file(weights)
+    name = next(k for k in tensors if "embed_tokens" in k)
+    tensors[name] = tensors[name] + 0.01
+    save_file(tensors, weights, metadata={"format": "pt"})
+    line = refused(train_args(str(moved), run, "--features", str(features), max_steps="6"), run)
+    assert f"trained against --target {moved}; this resume gives --target {moved}, another target" in line, line
+    assert "embedding, lm_head or final norm differ" in line, line
+
+
 def test_a_rerun_of_eyas_run_resumes_without_a_new_record_and_refuses_a_changed_option(runs, tmp_path):
     _, target, data, _ = runs
     workdir = tmp_path / "work"

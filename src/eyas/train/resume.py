@@ -3,8 +3,9 @@
 ``train_options.json`` holds the options the run started with, never rewritten, and ``segments``: the step each part
 of the run began at (0, then every resume that trains or changes something), the data it read (role, path and the
 SHA-256 of the directory's manifest: :func:`eyas.manifest.input_record`) and what it changed (``{option: {"from": ...,
-"to": ...}}``). A resume may change only :data:`eyas.train.options.RESUMABLE` and the data's path (when its content is
-the same); anything else is refused before the target is loaded or anything is written.
+"to": ...}}``), and the target it trained against (:func:`target_identity`). A resume may change only
+:data:`eyas.train.options.RESUMABLE` and the paths of the data and of the target (when their content is the same);
+anything else is refused before the target is loaded or anything is written.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from eyas.train.run_dir import OPTIONS_FILE
 
 SEGMENTS = "segments"
 NOT_COMPARED = ("resume",)  # how this command was invoked, not what the run is
+TARGET = "target"  # compared by content (:func:`target_identity`), like the data
 
 
 def read_run_record(run_dir: Path) -> dict | None:
@@ -43,15 +45,27 @@ def data_input(options: TrainOptions) -> dict:
     return input_record(role, path) if path is not None else {"role": role, "path": None, "sha256": None}
 
 
-def resume_changes(record: dict, options: TrainOptions, step: int, out: Path) -> dict:
-    """What resuming the recorded run from checkpoint ``step`` with ``options`` changes (``{option: {"from", "to"}}``);
-    a change :data:`RESUMABLE` does not allow, or other data, is an EyasError naming the option, both values and what
-    to do."""
+def target_identity(options: TrainOptions) -> dict:
+    """The target as the run's record identifies it: its facts (sizes, config SHA-256) and, unless ``--no-verify``, the
+    fingerprint of its embedding, lm_head and final norm; read from the checkpoint without loading the model."""
+    from eyas.target.facts import target_facts
+    from eyas.target.loading import load_target_config
+    from eyas.target.weights import weights_sha256
+
+    config, source = load_target_config(options.target, options.trust_remote_code)
+    weights = weights_sha256(options.target, options.trust_remote_code) if options.verify else None
+    return {**target_facts(options.target, config, source), "weights_sha256": weights}
+
+
+def resume_changes(record: dict, options: TrainOptions, step: int, out: Path, target: dict) -> dict:
+    """What resuming the recorded run from checkpoint ``step`` with ``options`` against ``target`` (its
+    :func:`target_identity`) changes (``{option: {"from", "to"}}``); a change :data:`RESUMABLE` does not allow, other
+    data or another target is an EyasError naming the option, both values and what to do."""
     before, now = run_options(_before(record, step)), jsonable(options)
     defaults = {f.name: jsonable(f.default) for f in dataclasses.fields(TrainOptions) if f.default is not dataclasses.MISSING}
     changed = {}
     for name, value in now.items():
-        if name in NOT_COMPARED or name in DATA_OPTIONS:
+        if name in NOT_COMPARED or name in DATA_OPTIONS or (name == TARGET and _recorded_target(record, step)):
             continue
         old = before.get(name, defaults.get(name))  # an option newer than the record: the run had its default
         if old == value:
@@ -59,21 +73,23 @@ def resume_changes(record: dict, options: TrainOptions, step: int, out: Path) ->
         if name not in RESUMABLE:
             raise EyasError(_refusal(out, name, old, value))
         changed[name] = {"from": old, "to": value}
-    return {**changed, **_data_change(_recorded_data(record, step), data_input(options), out)}
+    return {**changed, **_data_change(_recorded_data(record, step), data_input(options), out),
+            **_target_change(_recorded_target(record, step), target, out)}
 
 
-def new_record(options: TrainOptions) -> dict:
-    """The record of a run that starts at step 0."""
-    return {**jsonable(options), SEGMENTS: [{"step": 0, "data": data_input(options)}]}
+def new_record(options: TrainOptions, target: dict) -> dict:
+    """The record of a run that starts at step 0 against ``target`` (its :func:`target_identity`)."""
+    return {**jsonable(options), SEGMENTS: [{"step": 0, "data": data_input(options), TARGET: target}]}
 
 
-def resumed_record(record: dict, options: TrainOptions, step: int, changes: dict, training: bool) -> dict:
+def resumed_record(record: dict, options: TrainOptions, step: int, changes: dict, training: bool, target: dict) -> dict:
     """``record`` with a segment for the resume from ``step`` when it changes something or trains. A segment that
     began at or after ``step`` left no checkpoint behind (its run was killed before one): this one replaces it."""
     base = _before(record, step)
     if not changes and not training:  # a finished run run again: nothing to record
         return base
-    return {**base, SEGMENTS: [*base.get(SEGMENTS, []), {"step": step, "data": data_input(options), "changed": changes}]}
+    segment = {"step": step, "data": data_input(options), TARGET: target, "changed": changes}
+    return {**base, SEGMENTS: [*base.get(SEGMENTS, []), segment]}
 
 
 def _before(record: dict, step: int) -> dict:
@@ -92,6 +108,26 @@ def _recorded_data(record: dict, step: int) -> dict:
     options = run_options(record)
     role = "data" if trains_online(options.get("online"), options.get("features"), options.get("data")) else "features"
     return {"role": role, "path": options.get(role), "sha256": None}
+
+
+def _recorded_target(record: dict, step: int) -> dict | None:
+    """The target facts the run last recorded before ``step``; None for a run recorded before they were."""
+    segments = _before(record, step).get(SEGMENTS, [])
+    return segments[-1].get(TARGET) if segments else None
+
+
+def _target_change(old: dict | None, new: dict, out: Path) -> dict:
+    """The target's change: none when it is the same spec, its new spec when the same target moved (sizes, and weights
+    or config, equal: :func:`eyas.target.facts.target_mismatch`); another target is refused."""
+    if old is None:  # recorded before target facts were: the spec was compared with the other options
+        return {}
+    from eyas.target.facts import target_mismatch
+
+    problem = target_mismatch(old, new)
+    if problem:
+        raise EyasError(f"{out} was trained against --target {old['spec']}; this resume gives --target {new['spec']}, "
+                        f"another target ({problem}): resume against the run's target, or train into a new --out")
+    return {} if old["spec"] == new["spec"] else {TARGET: {"from": old["spec"], "to": new["spec"]}}
 
 
 def _data_change(old: dict, new: dict, out: Path) -> dict:

@@ -32,7 +32,7 @@ from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_chec
 from eyas.train.data import OfflineSource, OnlineSource, batches_forever
 from eyas.train.evaluate import evaluate
 from eyas.train.options import TrainOptions, trains_online
-from eyas.train.resume import data_input, new_record, read_run_record, resume_changes, resumed_record
+from eyas.train.resume import data_input, new_record, read_run_record, resume_changes, resumed_record, target_identity
 from eyas.train.run_dir import MARKERS as RUN_MARKERS
 from eyas.train.run_dir import clear_run_dir, finish_run_dir, start_run_dir
 
@@ -70,7 +70,8 @@ def train(options: TrainOptions) -> TrainReport:
         latest = None
     at = json.loads((latest / "state.json").read_text())["step"] if latest is not None else 0
     recorded = read_run_record(out) if latest is not None else None
-    changes = resume_changes(recorded, options, at, out) if recorded is not None else {}
+    target = target_identity(options)
+    changes = resume_changes(recorded, options, at, out, target) if recorded is not None else {}
     setup = setup_training(options, device)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
     if lead:
@@ -85,7 +86,8 @@ def train(options: TrainOptions) -> TrainReport:
     if at > total_steps:
         raise EyasError(f"{out} is at step {at}, past the {total_steps} steps --max-steps/--epochs now give: give at least "
                         f"--max-steps {at}, or train into a new --out")
-    run_record = new_record(options) if recorded is None else resumed_record(recorded, options, at, changes, at < total_steps)
+    run_record = new_record(options, target) if recorded is None else \
+        resumed_record(recorded, options, at, changes, at < total_steps, target)
     optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas,
                                   weight_decay=options.weight_decay)
     warmup = max(1, round(options.warmup_ratio * total_steps))
