@@ -146,6 +146,22 @@ def test_a_resume_finds_a_moved_target_by_content_and_refuses_another_one(runs, 
     assert "embedding, lm_head or final norm differ" in line, line
 
 
+def test_a_damaged_checkpoint_is_refused_naming_the_file_and_removing_it_resumes_from_the_one_before(runs, tmp_path):
+    root, target, _, features = runs
+    run = Path(shutil.copytree(root / "resumed", tmp_path / "run"))
+    newest = run / "checkpoints" / "step-00000004"
+    weights = newest / "model.safetensors"
+    damaged = bytearray(weights.read_bytes())
+    damaged[-1] ^= 0xFF  # one byte of a tensor: same size, other bytes
+    weights.write_bytes(bytes(damaged))
+    line = refused(train_args(target, run, "--features", str(features), max_steps="5"), run)
+    assert f"checkpoint {newest} is damaged (model.safetensors: " in line and "SHA-256" in line, line
+    assert "remove it to resume from step-00000002" in line, line
+    shutil.rmtree(newest)
+    report = train(TrainOptions(target=target, out=run, features=features, resume=True, **{**SMALL, "max_steps": 5}))
+    assert (report.resumed_from, report.steps) == (2, 5)
+
+
 def test_a_rerun_of_eyas_run_resumes_without_a_new_record_and_refuses_a_changed_option(runs, tmp_path):
     _, target, data, _ = runs
     workdir = tmp_path / "work"

@@ -2,7 +2,8 @@
 
 ``RUN_DIR/checkpoints/step-00000500/`` holds ``model.safetensors`` (the drafter's trainable tensors and
 its draft-vocabulary map), ``optimizer.safetensors`` (AdamW moments, RNG states) and ``state.json``
-(step, data position, scheduler, optimizer hyper-parameters, drafter config). A checkpoint is
+(step, data position, scheduler, optimizer hyper-parameters, drafter config, and the size and SHA-256 of both
+tensor files, checked before a resume loads them). A checkpoint is
 written in a temporary directory and renamed, then ``RUN_DIR/checkpoints/latest`` is replaced
 atomically; a run killed at any moment resumes from the last complete one. Nothing is pickled.
 """
@@ -16,8 +17,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyas.io import atomic_dir, remove_stale_temps, write_json_atomic
+from eyas.errors import EyasError
+from eyas.io import atomic_dir, file_sha256, remove_stale_temps, write_json_atomic
+from eyas.manifest import file_problem
 from eyas.outputs import writing
+
+TENSOR_FILES = ("model.safetensors", "optimizer.safetensors")  # each checkpoint's, with size and SHA-256 in state.json
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -73,6 +78,8 @@ def save_checkpoint(run_dir: Path, step: int, drafter, optimizer, scheduler, pos
         with atomic_dir(final) as tmp:
             save_file(drafter_tensors(drafter, model_state), str(tmp / "model.safetensors"))
             save_file(optimizer_tensors, str(tmp / "optimizer.safetensors"))
+            state["files"] = {name: {"bytes": (tmp / name).stat().st_size, "sha256": file_sha256(tmp / name)}
+                              for name in TENSOR_FILES}
             (tmp / "state.json").write_text(json.dumps(state, indent=2))
         write_json_atomic(root / "latest.json", {"checkpoint": final.name, "step": step})
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
@@ -89,16 +96,34 @@ def run_bytes(run_dir: Path, drafter, keep: int) -> int:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run, or None."""
-    pointer = checkpoint_dir(run_dir) / "latest.json"
+    """The newest complete checkpoint of a run, or None: the one ``latest.json`` names, else (removed by hand) the
+    newest step directory with its state.json."""
+    root = checkpoint_dir(run_dir)
+    pointer = root / "latest.json"
     if not pointer.is_file():
         return None
-    path = checkpoint_dir(run_dir) / json.loads(pointer.read_text())["checkpoint"]
-    return path if (path / "state.json").is_file() else None
+    path = root / json.loads(pointer.read_text())["checkpoint"]
+    if (path / "state.json").is_file():
+        return path
+    complete = sorted(p for p in root.glob("step-*") if (p / "state.json").is_file())
+    return complete[-1] if complete else None
+
+
+def checkpoint_problems(path: Path) -> list[str]:
+    """``"FILE: problem"`` for each tensor file of checkpoint ``path`` that is missing or not the bytes its state.json
+    records (none for a checkpoint of an older eyas, which records no sizes or SHA-256)."""
+    state = json.loads((path / "state.json").read_text())
+    return [f"{name}: {problem}" for name, record in state.get("files", {}).items()
+            if (problem := file_problem(path / name, record["bytes"], record["sha256"]))]
 
 
 def load_checkpoint(path: Path, drafter, optimizer, scheduler) -> dict:
-    """Restore weights, optimizer, scheduler and RNG from ``path``; return its state.json."""
+    """Restore weights, optimizer, scheduler and RNG from ``path`` after checking its files; return its state.json."""
+    problems = checkpoint_problems(path)
+    if problems:
+        older = sorted(p.name for p in path.parent.glob("step-*") if (p / "state.json").is_file() and p.name < path.name)
+        fallback = f"remove it to resume from {older[-1]}, or " if older else ""
+        raise EyasError(f"checkpoint {path} is damaged ({'; '.join(problems)}): {fallback}start over with --force")
     tensors = load_file(str(path / "model.safetensors"))
     drafter.d2t.copy_(tensors.pop("d2t"))
     state = json.loads((path / "state.json").read_text())
