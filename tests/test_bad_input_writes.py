@@ -192,7 +192,11 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_no_temporary_dir
     assert json.loads((run / "report.json").read_text())["resumed_from"] == 2
 
 
-def test_bench_interrupted_near_its_end_writes_a_partial_report(dirs, tmp_path, monkeypatch):
+@pytest.mark.parametrize("how, code", [("Ctrl-C", 130), ("SIGTERM", 143)])
+def test_bench_interrupted_near_its_end_writes_a_partial_report(dirs, tmp_path, monkeypatch, how, code):
+    import os
+    import signal
+
     import eyas.bench.run
 
     out = tmp_path / "report"
@@ -200,18 +204,20 @@ def test_bench_interrupted_near_its_end_writes_a_partial_report(dirs, tmp_path, 
     args[args.index("--prompts") + 1] = "3"
     calls, real = [], eyas.bench.run.generate
 
-    def interrupted(*a, **k):  # warm-up: plain + chain:2; then two calls a prompt: Ctrl-C at the last prompt's second
+    def interrupted(*a, **k):  # warm-up: plain + chain:2; then two calls a prompt: stopped at the last prompt's second
         calls.append(1)
         if len(calls) == 2 + 2 * 2 + 2:
-            raise KeyboardInterrupt
+            if how == "Ctrl-C":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's time limit: the handler raises in this thread
         return real(*a, **k)
 
     monkeypatch.setattr(eyas.bench.run, "generate", interrupted)
     result = invoke(args)
-    assert result.exit_code == 130, result.output
-    assert "interrupted (Ctrl-C) after 2 of 3 prompts: wrote the partial report" in result.output
+    assert result.exit_code == code, result.output
+    assert f"interrupted ({how}) after 2 of 3 prompts: wrote the partial report" in result.output
     report = json.loads((out / "report.json").read_text())
-    assert report["partial"] == "interrupted (Ctrl-C) after 2 of 3 prompts"
+    assert report["partial"] == f"interrupted ({how}) after 2 of 3 prompts"
     assert [row["prompts"] for row in report["rows"]] == [2] and report["datasets"]["sharegpt-holdout"][0]["prompts"] == 2
     assert "Partial report" in (out / "report.md").read_text() and (out / "acceptance.png").is_file()
     assert not (out / "manifest.json").exists()  # not a finished REPORT_DIR: the same command measures every prompt

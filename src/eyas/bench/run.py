@@ -11,8 +11,12 @@ many matched (all of them, or something is broken).
 
 from __future__ import annotations
 
+import signal
 import statistics
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -58,11 +62,34 @@ class BenchResult:
     datasets: dict[str, list[ModeResult]]
     settings: dict
     partial: str | None = None
+    stopped_by: int = signal.SIGINT  # the signal that ended a partial run
 
     @property
     def exit_code(self) -> int:
-        """For the command line: 130 (the shell's Ctrl-C) when the run was interrupted."""
-        return 130 if self.partial else 0
+        """For the command line: 128 + the signal's number when a signal ended the run (130 for Ctrl-C, 143 for
+        SIGTERM), else 0."""
+        return 128 + self.stopped_by if self.partial else 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's time limit, ``timeout``) during a bench: handled like Ctrl-C, a partial report."""
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within: SIGTERM raises :class:`Terminated` in the main thread, so the prompts measured so far are reported."""
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
+        yield
+        return
+
+    def stop(number, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -91,40 +118,43 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
         generate(target, warm, 4, sampling=sampling)
         for mode in modes:
             generate(target, warm, 4, drafter, mode, sampling)
-    done, partial = 0, None
+    done, partial, stopped_by = 0, None, signal.SIGINT
     try:
-        for prompt in prompts:
-            ids = torch.tensor([prompt.input_ids])
-            decoders = [lambda ids=ids: generate(target, ids, max_new_tokens, sampling=sampling, stop_ids=stop_ids)]
-            decoders += [lambda ids=ids, mode=mode: generate(target, ids, max_new_tokens, drafter, mode, sampling, stop_ids)
-                         for mode in modes]
-            times: list[list[float]] = [[] for _ in decoders]
-            for _ in range(repeats):  # the decoders take turns, so a slow spell of the machine hits each of them
-                outputs = []
-                for decoder, seconds in zip(decoders, times, strict=True):
-                    output, took = timed(device, decoder)
-                    outputs.append(output)
-                    seconds.append(took)
-            # a prompt counts once every decoder has decoded it: one interrupted midway is left out whole
-            results = datasets.setdefault(prompt.dataset, [ModeResult("plain"), *(ModeResult(m.label()) for m in modes)])
-            plain = outputs[0]  # the last turn's outputs: greedy ones are the same every turn, sampled ones share the seed
-            for result, output, seconds in zip(results, outputs, times, strict=True):
-                _add(result, output, statistics.median(seconds))
-                if result is not results[0] and sampling.greedy:
-                    result.matches_plain = (result.matches_plain or 0) + (output.tokens == plain.tokens)
-            done += 1
-            if progress is not None:
-                progress(1)
-    except KeyboardInterrupt:
+        with terminate_as_interrupt():
+            for prompt in prompts:
+                ids = torch.tensor([prompt.input_ids])
+                decoders = [lambda ids=ids: generate(target, ids, max_new_tokens, sampling=sampling, stop_ids=stop_ids)]
+                decoders += [lambda ids=ids, mode=mode: generate(target, ids, max_new_tokens, drafter, mode, sampling, stop_ids)
+                             for mode in modes]
+                times: list[list[float]] = [[] for _ in decoders]
+                for _ in range(repeats):  # the decoders take turns, so a slow spell of the machine hits each of them
+                    outputs = []
+                    for decoder, seconds in zip(decoders, times, strict=True):
+                        output, took = timed(device, decoder)
+                        outputs.append(output)
+                        seconds.append(took)
+                # a prompt counts once every decoder has decoded it: one interrupted midway is left out whole
+                results = datasets.setdefault(prompt.dataset, [ModeResult("plain"), *(ModeResult(m.label()) for m in modes)])
+                plain = outputs[0]  # the last turn's outputs: greedy ones are the same every turn, sampled ones share the seed
+                for result, output, seconds in zip(results, outputs, times, strict=True):
+                    _add(result, output, statistics.median(seconds))
+                    if result is not results[0] and sampling.greedy:
+                        result.matches_plain = (result.matches_plain or 0) + (output.tokens == plain.tokens)
+                done += 1
+                if progress is not None:
+                    progress(1)
+    except KeyboardInterrupt as err:
         if not done:  # nothing measured: nothing to report
             raise
-        partial = f"interrupted (Ctrl-C) after {done} of {len(prompts)} prompts"
+        stopped_by = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
+        how = "SIGTERM" if stopped_by == signal.SIGTERM else "Ctrl-C"
+        partial = f"interrupted ({how}) after {done} of {len(prompts)} prompts"
     for results in datasets.values():
         for result in results[1:]:
             result.accepted_per_position = [x / max(1, result.rounds) for x in result.accepted_per_position]
     settings = {"modes": [m.label() for m in modes], "temperature": sampling.temperature, "top_p": sampling.top_p,
                 "max_new_tokens": max_new_tokens, "device": str(device), "repeats": repeats}
-    return BenchResult(datasets=datasets, settings=settings, partial=partial)
+    return BenchResult(datasets=datasets, settings=settings, partial=partial, stopped_by=stopped_by)
 
 
 def _add(result: ModeResult, generation: Generation, seconds: float) -> None:

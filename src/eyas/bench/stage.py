@@ -9,7 +9,7 @@ from eyas.errors import EyasError
 def bench_stage(options: BenchOptions, show_progress: bool = True):
     """Decode every prompt plainly and in every mode; write REPORT_DIR; return (result, header).
 
-    REPORT_DIR is checked before anything runs; an interrupted run (Ctrl-C) writes what it measured, marked partial,
+    REPORT_DIR is checked before anything runs; an interrupted run (Ctrl-C or SIGTERM) writes what it measured, marked partial,
     without manifest.json.
     """
     from eyas.bench.report import REPORT_FILES, write_report
