@@ -14,7 +14,7 @@ from eyas.capture.stage import capture
 from eyas.cli import app
 from eyas.store import fp8
 from eyas.store.check import check_store, print_check
-from eyas.store.error_model import COMPUTE_NOISE, noise_bound, token_errors
+from eyas.store.error_model import COMPUTE_NOISE, beyond_rounding, noise_bound, token_errors
 from eyas.store.shards import DTYPES
 from eyas.target import capture_hidden_states, discover_layout
 
@@ -72,6 +72,23 @@ def worst(pairs, dtype: str, change=lambda x: x) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("dtype", STORE_DTYPES)
+def test_the_error_beyond_rounding_is_the_distance_outside_the_stored_value_s_rounding_cell(dtype):
+    live = torch.randn(16, 64, generator=torch.Generator().manual_seed(0)) * 3
+    stored, scale = stored_as(live, dtype)
+    assert torch.equal(beyond_rounding(stored, live, dtype, scale), torch.zeros_like(live))  # rounded from live: 0
+    if dtype == "fp32":
+        return  # its cells are below float32's own resolution: nothing more to pin
+    half_up = {"fp16": 2**-11, "bf16": 2**-8, "fp8": 2**-4}[dtype]  # half the gap above 1.0, a power of two
+    unit = 1.0 if scale is None else 2.0**-5  # fp8: a token whose largest value, 14, maps to 448 at scale 2^-5
+    codes = torch.tensor([[1.0, 1.0, 1.5, 448.0]])
+    live = torch.tensor([[1 + 1.25 * half_up, 1 - 1.25 * half_up / 2, 1.5 + 0.75 * half_up, 448.0]])
+    scale = torch.tensor([[unit]]) if dtype == "fp8" else None
+    distance = beyond_rounding(codes * unit, live * unit, dtype, scale)[0] / unit
+    # above 1.0 the cell reaches half a gap up; below it only a quarter (the binade below is twice as fine)
+    torch.testing.assert_close(distance, torch.tensor([0.25 * half_up, 0.125 * half_up, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("dtype", STORE_DTYPES)
 def test_correct_captures_pass_with_a_clear_margin(batched_and_alone, dtype):
     noise = torch.Generator().manual_seed(1)
     for name, pairs in batched_and_alone.items():
@@ -94,11 +111,23 @@ def test_a_one_percent_rotary_corruption_fails_in_every_store_dtype(batched_and_
             assert old < 1.6e-2  # what the old check compared with its bf16 tolerance, 1.6e-2: it passed this
 
 
-def test_bf16_compute_has_its_own_looser_bound():
+def test_bf16_compute_has_its_own_looser_bound_which_cannot_see_one_percent(batched_and_alone):
     assert noise_bound("float32", "float32") == (COMPUTE_NOISE["float32"], "float32")
     assert noise_bound("float32", "bfloat16") == (COMPUTE_NOISE["bfloat16"], "bfloat16")
     assert noise_bound(None, "float32") == (COMPUTE_NOISE["bfloat16"], "bfloat16")  # a store that did not record it
-    assert COMPUTE_NOISE["bfloat16"] > 0.1 > COMPUTE_NOISE["float16"] > 1e-2  # MoE routing flips: 13 % measured in bf16
+    torch.manual_seed(0)
+    ids = torch.randint(1, 250, (3, 60))
+    for name in ("llama", "deepseek_v3"):  # a correct capture computed in bf16, stored in bf16, against fp32
+        build = zoo.ARCHITECTURES[name][0]
+        fp32, bf16 = build(), build().to(torch.bfloat16)
+        live = capture_hidden_states(fp32, discover_layout(fp32), ids)
+        captured = capture_hidden_states(bf16, discover_layout(bf16), ids)
+        rel = max(token_errors(captured.aux[i, :, k * 64:(k + 1) * 64].float(), live.aux[i, :, k * 64:(k + 1) * 64],
+                               "bf16")[0].max().item() for i in range(3) for k in range(3))
+        print(f"{name}: bf16 compute vs fp32, worst token {rel:.3g}, bf16 bound {COMPUTE_NOISE['bfloat16']:g}")
+        assert COMPUTE_NOISE["float32"] * 10 < rel < COMPUTE_NOISE["bfloat16"] / 1.5
+    corrupted, _ = worst(batched_and_alone["deepseek_v3"], "bf16", lambda x: rotary_corruption(x, ANGLE))
+    assert corrupted < COMPUTE_NOISE["bfloat16"]  # the limitation the report states: ~1 % passes a bf16-compute check
 
 
 @pytest.fixture(scope="module")
