@@ -14,7 +14,7 @@ from eyas.data.samples import read_samples
 from eyas.errors import EyasError
 from eyas.io import file_sha256
 from eyas.manifest import MANIFEST
-from eyas.store.error_model import TensorFit, noise_bound
+from eyas.store.error_model import COMPUTE_NOISE, TensorFit, noise_bound
 from eyas.store.reader import FeatureStore
 from eyas.store.shards import StoreManifest
 from eyas.store.verify import REPAIR, shard_problems
@@ -138,9 +138,8 @@ def _error_model_line(report: CheckReport) -> str:
     compute = ", ".join(f"{side} {dtype or 'not recorded (a store made before eyas recorded it)'}"
                         for side, dtype in report.compute.items())
     line = (f"per token, the stored {report.dtype} states against the live forward rounded the same way (compute dtype: "
-            f"{compute}); "
-            f"bound {report.bound:g} = the noise of two {report.bound_for} forwards")
-    if report.bound > 1e-2:
+            f"{compute}); bound {report.bound:g} = the noise of two {report.bound_for} forwards")
+    if report.bound > COMPUTE_NOISE["float32"]:
         line += (f": [yellow]{report.bound_for} compute cannot resolve errors below {report.bound:.0%} (such as a ~1 % "
                  "corruption); only float32 capture and re-capture resolve those[/]")
     return line
