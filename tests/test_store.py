@@ -101,8 +101,8 @@ def test_check_verifies_checksums_and_recaptures(target_and_data, tmp_path):
     capture(options(target, data, tmp_path / "f", dtype="bf16"))
     report = check_store(tmp_path / "f", samples=3)
     assert report.ok and len(report.recaptured) == 3
-    assert set(report.max_rel) == {"layer 2", "layer 4", "layer 5", "final"}
-    assert 0 < max(report.max_rel.values()) < 1e-2  # bf16 rounding, nothing more
+    assert set(report.tensors) == {"layer 2", "layer 4", "layer 5", "final"}
+    assert 0 < max(fit.worst_rounded for fit in report.tensors.values()) < 1e-2  # bf16 rounding, nothing more
     shard = sorted((tmp_path / "f").glob("train-*.safetensors"))[0]
     raw = bytearray(shard.read_bytes())
     raw[-10] ^= 0xFF

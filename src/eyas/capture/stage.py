@@ -125,6 +125,7 @@ def capture(options: CaptureOptions) -> CaptureReport:
             rows = [samples[split][i] for i in plan.samples]
             packs = []
             for pack in states(split, plan):
+                manifest.compute_dtype = pack.compute_dtype  # what capture --check judges the states' noise by
                 packs.append(pack)
                 bar(pack.tokens)
             writers.submit(lambda p=out / shard_name(split, plan.index), k=packs: _write(p, k), recorder(split, plan, rows))
@@ -227,7 +228,10 @@ def _finish(out: Path, data_dir: Path, manifest: StoreManifest, plans: dict, wor
     if rank != 0:
         return
     partials = sorted(out.glob("manifest.rank*.json"))
-    records = {r.file: r for p in partials for r in StoreManifest.load(p).shards}
+    loaded = [StoreManifest.load(p) for p in partials]
+    records = {r.file: r for m in loaded for r in m.shards}
+    # rank 0 may have captured nothing in this run (its shards were done): the compute dtype is the other runs'
+    manifest.compute_dtype = manifest.compute_dtype or next((m.compute_dtype for m in loaded if m.compute_dtype), None)
     expected = [shard_name(split, plan.index) for split, split_plans in plans.items() for plan in split_plans]
     missing = [name for name in expected if name not in records]
     if missing:

@@ -14,39 +14,40 @@ from eyas.data.samples import read_samples
 from eyas.errors import EyasError
 from eyas.io import file_sha256
 from eyas.manifest import MANIFEST
+from eyas.store.error_model import COMPUTE_NOISE, TensorFit, noise_bound
 from eyas.store.reader import FeatureStore
 from eyas.store.shards import StoreManifest
 from eyas.store.verify import REPAIR, shard_problems
 from eyas.target.facts import target_mismatch
 
-# Largest relative difference (max |stored − live| / max |live|) expected from storage rounding.
-TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 1.6e-2, "fp8": 1.3e-1}
-
 
 @dataclass
 class CheckReport:
-    """Checksums, counts, and the re-capture comparison per tensor."""
+    """Checksums, counts, and the re-capture comparison per tensor (eyas.store.error_model)."""
 
     shards: int = 0
     bad_checksums: list[str] = field(default_factory=list)
     count_problems: list[str] = field(default_factory=list)
     recaptured: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # comparisons that could not be made, and why
-    max_abs: dict[str, float] = field(default_factory=dict)
-    max_rel: dict[str, float] = field(default_factory=dict)
-    tolerance: float = 0.0
+    dtype: str = ""  # the store's
+    compute: dict[str, str | None] = field(default_factory=dict)  # capture / re-capture → compute dtype (None: not recorded)
+    bound: float = 0.0  # on each token's relative error beyond the store's rounding
+    bound_for: str = ""  # the compute dtype the bound is for
+    tensors: dict[str, TensorFit] = field(default_factory=dict)  # "layer L" / "final" → its comparison
 
     @property
     def ok(self) -> bool:
-        """True when nothing is corrupt or missing and every difference is within tolerance."""
-        return not self.bad_checksums and not self.count_problems and all(v <= self.tolerance for v in self.max_rel.values())
+        """True when nothing is corrupt or missing and every token's error beyond rounding is within the bound."""
+        return not self.bad_checksums and not self.count_problems and all(
+            fit.worst_rel <= self.bound for fit in self.tensors.values())
 
 
 def check_store(directory: Path, target: str | None = None, samples: int = 4, trust_remote_code: bool = False) -> CheckReport:
     """Verify checksums and counts; re-capture ``samples`` random samples with the live target."""
     directory = Path(directory)
     manifest = StoreManifest.read(directory)
-    report = CheckReport(shards=len(manifest.shards), tolerance=TOLERANCE[manifest.dtype])
+    report = CheckReport(shards=len(manifest.shards), dtype=manifest.dtype)
     bad = shard_problems(directory, manifest.shards)
     report.bad_checksums = [f"{name}: {problem}; {REPAIR}" for name, problem in bad.items()]
     data_dir = _captured_data_dir(manifest, report)
@@ -92,39 +93,53 @@ def _recapture(directory, manifest, target_spec, samples, report, trust_remote_c
     if mismatch is not None:
         raise EyasError(f"target {target_spec!r} is not the one {directory / MANIFEST} was captured from, "
                         f"{manifest.target.get('spec')!r} ({mismatch}); pass that one with --target")
+    report.compute = {"capture": manifest.compute_dtype, "re-capture": str(target.model.dtype).removeprefix("torch.")}
+    report.bound, report.bound_for = noise_bound(*report.compute.values())
     store = FeatureStore(directory, manifest.options["splits"][0], dtype=torch.float32)
     rng = random.Random(0)
     width = manifest.target["hidden_size"]
     for i in rng.sample(range(len(store)), min(samples, len(store))):
-        item = store[i]
+        item, scales = store[i], store.scales(i)
         live = capture_hidden_states(target.model, target.layout, item["input_ids"].long(), layer_ids=manifest.layer_ids)
         report.recaptured.append(item["id"])
-        pairs = {f"layer {lid}": (item["aux"][:, k * width:(k + 1) * width], live.aux[0, :, k * width:(k + 1) * width])
-                 for k, lid in enumerate(manifest.layer_ids)}
-        pairs["final"] = (item["final"], live.final[0])
-        for name, (stored, fresh) in pairs.items():
-            fresh = fresh.float().cpu()
-            diff = (stored.float() - fresh).abs().max().item()
-            rel = diff / max(fresh.abs().max().item(), 1e-12)
-            report.max_abs[name] = max(report.max_abs.get(name, 0.0), diff)
-            report.max_rel[name] = max(report.max_rel.get(name, 0.0), rel)
+        pairs = {f"layer {lid}": (item["aux"][:, k * width:(k + 1) * width], live.aux[0, :, k * width:(k + 1) * width],
+                                  scales and scales["aux"][:, k:k + 1]) for k, lid in enumerate(manifest.layer_ids)}
+        pairs["final"] = (item["final"], live.final[0], scales and scales["final"])
+        for name, (stored, fresh, scale) in pairs.items():
+            report.tensors.setdefault(name, TensorFit()).add(item["id"], stored, fresh.float().cpu(), manifest.dtype, scale)
 
 
 def print_check(console: Console, report: CheckReport) -> None:
-    """Print the check as a table; exit code 1 when it failed."""
+    """Print the check as a table, one row per layer id and the final hidden; exit code 1 when it failed."""
     table = Table(title="eyas capture --check", show_header=True)
-    table.add_column("tensor")
-    table.add_column("max |stored − live|")
-    table.add_column("max rel")
-    for name in report.max_abs:
-        table.add_row(name, f"{report.max_abs[name]:.3g}", f"{report.max_rel[name]:.3g}")
+    for column in ("tensor", "tokens", "worst rel. error beyond rounding", "at", "worst ‖stored − Q(live)‖/‖live‖",
+                   "min cos", "bound", ""):
+        table.add_column(column)
+    for name, fit in report.tensors.items():
+        verdict = "[green]ok[/]" if fit.worst_rel <= report.bound else "[red]FAIL[/]"
+        table.add_row(name, str(fit.tokens), f"{fit.worst_rel:.3g}", fit.worst_at, f"{fit.worst_rounded:.3g}",
+                      f"{fit.min_cos:.6f}", f"{report.bound:g}", verdict)
     console.print(f"{report.shards} shards; checksums {'ok' if not report.bad_checksums else 'BAD'}; "
                   f"counts {'ok' if not report.count_problems else 'BAD'}; re-captured {len(report.recaptured)} samples")
     for problem in report.bad_checksums + report.count_problems:
         console.print(f"  [red]{problem}[/]", soft_wrap=True, highlight=False)
     for skipped in report.skipped:
         console.print(f"  [yellow]skipped:[/] {skipped}", soft_wrap=True, highlight=False)
-    console.print(table)
-    console.print(f"tolerance for this dtype: rel ≤ {report.tolerance:g} → " + ("[green]OK[/]" if report.ok else "[red]FAILED[/]"))
+    if report.tensors:
+        console.print(table)
+        console.print(_error_model_line(report), soft_wrap=True, highlight=False)
+    console.print("[green]OK[/]" if report.ok else "[red]FAILED[/]")
     if not report.ok:
         raise SystemExit(1)
+
+
+def _error_model_line(report: CheckReport) -> str:
+    """How the comparison was judged, and what it cannot see."""
+    compute = ", ".join(f"{side} {dtype or 'not recorded (a store made before eyas recorded it)'}"
+                        for side, dtype in report.compute.items())
+    line = (f"per token, the stored {report.dtype} states against the live forward rounded the same way (compute dtype: "
+            f"{compute}); bound {report.bound:g} = the noise of two {report.bound_for} forwards")
+    if report.bound > COMPUTE_NOISE["float32"]:
+        line += (f": [yellow]{report.bound_for} compute cannot resolve errors below {report.bound:.0%} (such as a ~1 % "
+                 "corruption); only float32 capture and re-capture resolve those[/]")
+    return line

@@ -16,10 +16,16 @@ E4M3_MAX = 448.0
 def quantize(x: torch.Tensor, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [T, chunks·H] → (e4m3 [T, chunks·H], float32 scale [T, chunks])."""
     tokens, width = x.shape
-    grouped = x.float().reshape(tokens, chunks, width // chunks)
-    scale = grouped.abs().amax(dim=-1).clamp(min=1e-12) / E4M3_MAX
-    q = (grouped / scale.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q.reshape(tokens, width), scale
+    scale = x.float().reshape(tokens, chunks, width // chunks).abs().amax(dim=-1).clamp(min=1e-12) / E4M3_MAX
+    return quantize_with(x, scale), scale
+
+
+def quantize_with(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x`` [T, chunks·H] → e4m3 [T, chunks·H] at the given float32 ``scale`` [T, chunks] (the store's rounding)."""
+    tokens, width = x.shape
+    grouped = x.float().reshape(tokens, scale.shape[-1], -1)
+    q = (grouped / scale.float().unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(tokens, width)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

@@ -63,6 +63,7 @@ class StoreManifest:
     created: str | None = None
     inputs: list[dict] = field(default_factory=list)
     outputs: list[dict] = field(default_factory=list)  # files besides the shards: the draft vocabulary
+    compute_dtype: str | None = None  # the dtype the target's forward ran in (float32, bfloat16, …), as captured
 
     def identity(self) -> dict:
         """The fields that must match for a rerun to continue this store."""
@@ -112,6 +113,7 @@ class Pack:
     lengths: list[int]
     tensors: dict[str, torch.Tensor]  # input_ids, loss_mask, aux, final [, aux_scale, final_scale]
     ready: object | None = None  # a CUDA event set once the host copies are complete
+    compute_dtype: str = "float32"  # the states' dtype before storage: the forward's (torch name)
 
     @property
     def tokens(self) -> int:
@@ -140,7 +142,7 @@ def pack_states(
         tensors["final"], tensors["final_scale"] = fp8.quantize(final, 1)
     else:
         tensors["aux"], tensors["final"] = aux.to(DTYPES[dtype]), final.to(DTYPES[dtype])
-    pack = Pack([len(x) for x in input_ids], tensors)
+    pack = Pack([len(x) for x in input_ids], tensors, compute_dtype=str(aux.dtype).removeprefix("torch."))
     if aux.device.type == "cuda":
         device = aux.device
         stream = _copy_streams.setdefault(device, torch.cuda.Stream(device))
