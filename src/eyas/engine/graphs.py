@@ -53,6 +53,11 @@ class StepGraphs:
         """Whether a graph is recorded for ``key``."""
         return key in self._graphs
 
+    def drop(self, which: Callable[[Hashable], bool]) -> None:
+        """Forget the recordings whose key ``which`` selects (the buffers they read are about to be freed)."""
+        for key in [key for key in self._graphs if which(key)]:
+            del self._graphs[key]
+
     def replay(self, key: Hashable) -> Any:
         """Replay the graph recorded for ``key`` (which must exist) → its outputs; for measuring a recording alone."""
         graph, outputs = self._graphs[key]
