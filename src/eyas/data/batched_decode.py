@@ -15,7 +15,7 @@ in 60 µs). Here a batch runs as:
 3. a row stops at its first stop id; the batch stops when every row has (checked every few steps, so the
    host rarely waits for the device) or at ``max_new_tokens``.
 
-Batches are filled to a power of two with copies of their last prompt (their answers dropped), so few shapes
+Batches are filled to a power of two (at most ``max_batch``) with copies of their last prompt (their answers dropped), so few shapes
 exist. Sampling (T > 0) draws each token by inverse CDF from one uniform per row, hashed from the row's seed and
 the step on the device: a row's random stream depends only on its seed (:func:`row_seed`: the run's seed and
 the prompt), not on the batch it shares or its place in it. Its logits can still differ in the last bits
@@ -111,11 +111,13 @@ class _Lane:
 class BatchedDecoder:
     """Greedy or sampled decoding of batches of token-id prompts over ``model`` (any HF decoder with sdpa or
     eager attention); ``graphs``: replay decoding steps from CUDA graphs on CUDA; ``block``: the granularity of
-    cache capacities and of the visible window."""
+    cache capacities and of the visible window; ``sync_every``: steps between the host's looks at whether every
+    row has stopped."""
 
     def __init__(self, model: nn.Module, stop_ids: Sequence[int], pad_id: int, graphs: bool = True, block: int = 256,
-                 sync_every: int = 8):
+                 sync_every: int = 8, max_batch: int = 1):
         self.model, self.pad_id, self.block, self.sync_every = model, pad_id, block, max(1, sync_every)
+        self.max_batch = max_batch  # batches are filled to a power of two, but never beyond this (or their own size)
         self.device = model.get_input_embeddings().weight.device
         self.dtype = model.get_input_embeddings().weight.dtype
         config = text_config(model.config)
@@ -138,7 +140,7 @@ class BatchedDecoder:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        batch = 1 << (count - 1).bit_length()
+        batch = max(count, min(1 << (count - 1).bit_length(), self.max_batch))
         rows = [list(p) for p in prompts] + [list(prompts[-1])] * (batch - count)
         row_seeds = list(seeds) if seeds is not None else [0] * count
         row_seeds += [row_seeds[-1]] * (batch - count)
