@@ -216,7 +216,6 @@ class BatchedDecoder:
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
         logits = self._forward(lane, ids.to(self.device), positions, layer_masks(seen, near, self.window_everywhere,
                                                                                 self.dtype), **extra)
-        lane.cache.consolidate()
         lane.positions.copy_(positions[:, -1:] + 1)
         lane.slot.fill_(width)
         lane.step.zero_()
