@@ -126,3 +126,40 @@ def test_draws_follow_the_softmax_at_the_temperature():
     frequencies = torch.bincount(one_row, minlength=5).double() / draws
     assert torch.allclose(frequencies, torch.softmax(logits.double(), -1), atol=0.015)
     assert torch.equal(pick(logits.expand(3, -1), None, seeds[:3], torch.tensor([0])), torch.zeros(3, dtype=torch.long))
+
+
+def test_an_unknown_generator_is_refused_in_one_line_before_any_work(monkeypatch, tmp_path):
+    import dataclasses
+
+    from eyas.stages import STAGES
+    from test_bad_input_mistakes import COMMAND_LINES, OUT, invoke, one_line_error
+
+    ran = []
+    for name, stage in STAGES.items():
+        monkeypatch.setitem(STAGES, name, dataclasses.replace(stage, run=lambda *a: ran.append(a)))
+    out = tmp_path / "out"
+    line = [str(out) if a == OUT else a for a in [*COMMAND_LINES["prepare"], "--regenerate", "--generator", "vllm"]]
+    one_line_error(invoke(line), "--generator vllm", "one of eyas, hf-generate")
+    config = tmp_path / "run.toml"
+    config.write_text(f'target = "t"\nworkdir = "{tmp_path / "work"}"\n[prepare]\ndata = ["x"]\n'
+                      '[prepare.regeneration]\ngenerator = "vllm"\n')
+    one_line_error(invoke(["run", str(config)]), str(config), "[prepare] regeneration generator = 'vllm'", "one of eyas")
+    assert not ran and sorted(p.name for p in tmp_path.iterdir()) == ["run.toml"]  # no --out, no workdir
+
+
+def test_out_of_memory_frees_the_caches_and_halves_the_batch_with_the_same_answers(tiny_target):  # noqa: F811
+    model, tokenizer = tiny_target
+    messages = [[{"role": "user", "content": "word " * n}] for n in (2, 9, 4, 6)]
+    options = RegenerationOptions(max_new_tokens=4, batch_size=4, generator="eyas")
+    expected = HFGenerator(model, tokenizer, options).generate(messages)
+
+    class Tight(BatchedDecoder):
+        def _prefill(self, lane, *args):
+            if lane.batch > 2:  # the cache of 4 rows was allocated, then the prefill ran out of memory
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+            return super()._prefill(lane, *args)
+
+    generator = HFGenerator(model, tokenizer, options)
+    generator._decoder = Tight(model, generator.eos_ids, generator.pad_id, max_batch=4)
+    assert generator.generate(messages) == expected
+    assert sorted(generator._decoder._lanes) == [2]  # the 4-row cache was freed, not kept beside the halves

@@ -124,7 +124,9 @@ class BatchedDecoder:
         self.layers = int(config.num_hidden_layers)
         self.window, self.window_everywhere = sliding_rule(config)
         self.stops = torch.tensor(sorted(set(stop_ids)) or [-1], dtype=torch.long, device=self.device)
-        self.graphs = StepGraphs(self.device, enabled=graphs, name="a regeneration decoding step")
+        # out of memory while recording propagates: the caller retries smaller batches, with graphs still on
+        self.graphs = StepGraphs(self.device, enabled=graphs, name="a regeneration decoding step",
+                                 raises=(torch.cuda.OutOfMemoryError,))
         self.stats = DecodeStats()
         self._lanes: OrderedDict[int, _Lane] = OrderedDict()
         self._cache_kwarg = cache_keyword(model)
@@ -180,6 +182,11 @@ class BatchedDecoder:
         stops = set(self.stops.tolist())
         end = next((k + 1 for k, t in enumerate(tokens) if t in stops), len(tokens))
         return tokens[:end]
+
+    def release(self) -> None:
+        """Free every cache and recording (after running out of memory: the next batches start from nothing)."""
+        self.graphs.drop(lambda key: True)
+        self._lanes.clear()
 
     def _lane(self, batch: int, capacity: int) -> _Lane:
         """The buffers for ``batch`` rows with room for ``capacity`` slots: reused when large enough (its graphs

@@ -110,6 +110,8 @@ class HFGenerator:
         try:
             return self._run_eyas(rows) if self.loop == "eyas" else self._run_generate(rows)
         except torch.cuda.OutOfMemoryError as err:
+            if self._decoder is not None:
+                self._decoder.release()  # its caches are sized for the batch that did not fit
             torch.cuda.empty_cache()
             if len(rows) == 1:
                 return [GenerationError(f"out of GPU memory on a {len(rows[0])}-token prompt: {err}")]
