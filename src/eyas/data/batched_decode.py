@@ -123,7 +123,8 @@ class BatchedDecoder:
         config = text_config(model.config)
         self.layers = int(config.num_hidden_layers)
         self.window, self.window_everywhere = sliding_rule(config)
-        self.stops = torch.tensor(sorted(set(stop_ids)) or [-1], dtype=torch.long, device=self.device)
+        self._stop_set = set(stop_ids)
+        self.stops = torch.tensor(sorted(self._stop_set) or [-1], dtype=torch.long, device=self.device)
         # out of memory while recording propagates: the caller retries smaller batches, with graphs still on
         self.graphs = StepGraphs(self.device, enabled=graphs, name="a regeneration decoding step",
                                  raises=(torch.cuda.OutOfMemoryError,))
@@ -179,8 +180,7 @@ class BatchedDecoder:
 
     def _cut(self, tokens: list[int]) -> list[int]:
         """A row's tokens up to and including its first stop id (what it produced after stopping is dropped)."""
-        stops = set(self.stops.tolist())
-        end = next((k + 1 for k, t in enumerate(tokens) if t in stops), len(tokens))
+        end = next((k + 1 for k, t in enumerate(tokens) if t in self._stop_set), len(tokens))
         return tokens[:end]
 
     def release(self) -> None:
