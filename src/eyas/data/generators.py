@@ -55,7 +55,8 @@ class GenerationError(EyasError):
 
 
 class HFGenerator:
-    """Answers with a transformers model: chat template, left-padded batches, greedy or sampled."""
+    """Answers with a transformers model: chat template, left-padded batches, greedy or sampled, decoded by eyas'
+    batched loop (:mod:`eyas.data.batched_decode`) or by transformers' ``generate`` (``options.generator``)."""
 
     def __init__(self, model: Any, tokenizer: Any, options: RegenerationOptions, chat_template: str | None = None):
         if tokenizer is None:
@@ -71,6 +72,14 @@ class HFGenerator:
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self._calls = 0
         self._static_caches: dict[tuple[int, int], Any] = {}  # (batch, cache length) → a reusable StaticCache
+        self._decoder: Any = None  # the eyas generator's BatchedDecoder, built on first use
+
+    @property
+    def loop(self) -> str:
+        """The decoding loop in use: options.generator, else eyas' on CUDA and transformers' generate elsewhere."""
+        if self.options.generator is not None:
+            return self.options.generator
+        return "eyas" if self.model.get_input_embeddings().weight.device.type == "cuda" else "hf-generate"
 
     def generate(self, prompts: list[Messages]) -> list[Answer | Exception]:
         """Answer every prompt, ``batch_size`` at a time, longest first (least padding)."""
@@ -99,8 +108,10 @@ class HFGenerator:
         import torch  # here, not at the top: the server path should start without loading torch
 
         try:
-            return self._run_generate(rows)
+            return self._run_eyas(rows) if self.loop == "eyas" else self._run_generate(rows)
         except torch.cuda.OutOfMemoryError as err:
+            if self._decoder is not None:
+                self._decoder.release()  # its caches are sized for the batch that did not fit
             torch.cuda.empty_cache()
             if len(rows) == 1:
                 return [GenerationError(f"out of GPU memory on a {len(rows[0])}-token prompt: {err}")]
@@ -139,6 +150,16 @@ class HFGenerator:
                 kwargs[cache_keyword(self.model)] = self._static_cache(len(rows), width + self.options.max_new_tokens)
             out = self.model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device), **kwargs)
         return [self._answer(row.tolist()) for row in out[:count, width:].cpu()]
+
+    def _run_eyas(self, rows: list[list[int]]) -> list[Answer | Exception]:
+        """The batch through :class:`eyas.data.batched_decode.BatchedDecoder`; each row samples from its own seed."""
+        from eyas.data.batched_decode import BatchedDecoder, row_seed
+
+        if self._decoder is None:
+            self._decoder = BatchedDecoder(self.model, self.eos_ids, self.pad_id, max_batch=self.options.batch_size)
+        seeds = [row_seed(self.options.seed, row) for row in rows]
+        tokens = self._decoder.decode(rows, self.options.max_new_tokens, self.options.temperature, seeds)
+        return [self._answer(row) for row in tokens]
 
     def _static_cache(self, batch: int, length: int):
         """One StaticCache per shape, emptied before each use: a new cache object would be compiled anew."""

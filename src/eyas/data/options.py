@@ -7,6 +7,8 @@ from pathlib import Path
 
 from eyas.options import SEED, Options, above, at_least, chat_template_file, force_option, one_of, option, remote_code, within
 
+GENERATORS = ("eyas", "hf-generate")
+
 
 @dataclass
 class RegenerationOptions(Options):
@@ -18,9 +20,12 @@ class RegenerationOptions(Options):
     model: str | None = option(None, "model name on the server (default: its first model)", flag="--server-model")
     concurrency: int = option(16, "parallel requests to the server", check=at_least(1))
     batch_size: int = option(8, "prompts per batch when regenerating in-process", check=at_least(1))
+    generator: str | None = option(None, "in-process decoding loop: eyas (batched, fixed-shape steps replayed from CUDA "
+                                   "graphs, nothing compiled) or hf-generate (transformers' generate) (default: eyas on "
+                                   "CUDA, hf-generate elsewhere)", check=one_of(*GENERATORS))
     # a GPU decode step is launch-bound without a static cache
-    static_cache: bool | None = option(None, "in-process: generate over a reused static KV cache that transformers compiles "
-                                       "(default: on CUDA; each prompt-width bucket compiles once)",
+    static_cache: bool | None = option(None, "with --generator hf-generate: generate over a reused static KV cache that "
+                                       "transformers compiles (default: on CUDA; each prompt-width bucket compiles once)",
                                        flag="--static-cache/--no-static-cache")
     retries: int = option(3, "retries per request (exponential backoff)", check=at_least(0))
     timeout: float = option(300.0, "seconds per request", check=above(0))

@@ -37,11 +37,32 @@ MAX_ROWS = 192
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``visible`` [n, S] bool → the additive mask [1, 1, n, S] SDPA and :func:`attend` read: 0 where a
-    query sees a slot, the dtype's lowest value where not."""
+    """``visible`` [n, S] (or [B, n, S]) bool → the additive mask [1, 1, n, S] ([B, 1, n, S]) SDPA and
+    :func:`attend` read: 0 where a query sees a slot, the dtype's lowest value where not."""
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask[None, None] if mask.dim() == 2 else mask[:, None]
+
+
+def sliding_rule(config) -> tuple[int | None, bool]:
+    """(window, whether every layer slides) of a text config, as its HF forward applies them: the layers typed
+    "sliding_attention" slide (Gemma 3, Qwen2 with use_sliding_window), or — when a model has a window but no
+    layer types (Mistral, Mixtral) — all of them; (None, False) when none does."""
+    types = list(getattr(config, "layer_types", None) or [])
+    window = getattr(config, "sliding_window", None)
+    if window is None or not ("sliding_attention" in types or not types):
+        return None, False
+    return window, not types
+
+
+def layer_masks(visible: torch.Tensor, near: torch.Tensor | None, everywhere: bool, dtype: torch.dtype):
+    """The additive mask(s) a forward takes from ``visible`` (bool, [n, S] or [B, n, S]): one tensor, or one per
+    layer type when only some layers slide; ``near`` (same shape, or broadcastable): the slots within the window."""
+    if near is None:
+        return additive_mask(visible, dtype)
+    if everywhere:
+        return additive_mask(visible & near, dtype)
+    return {"full_attention": additive_mask(visible, dtype), "sliding_attention": additive_mask(visible & near, dtype)}
 
 
 def kernels_available(device: torch.device) -> bool:

@@ -39,8 +39,11 @@ class StepGraphs:
     """Per-key CUDA graphs of fixed-shape steps (plain calls off CUDA or when ``enabled`` is False)."""
 
     def __init__(self, device: torch.device, enabled: bool = True, compile: bool = False, warmups: int = 2,
-                 name: str = "a decoding step"):
+                 name: str = "a decoding step", raises: tuple[type[BaseException], ...] = ()):
+        """``raises``: errors of a recording that propagate (the caller handles them, e.g. out of memory by
+        smaller batches) instead of turning graphs off."""
         self.enabled = enabled and device.type == "cuda"
+        self.raises = raises
         self.compile = compile and self.enabled
         self.warmups = warmups
         self.device, self.name = device, name
@@ -52,6 +55,11 @@ class StepGraphs:
     def has(self, key: Hashable) -> bool:
         """Whether a graph is recorded for ``key``."""
         return key in self._graphs
+
+    def drop(self, which: Callable[[Hashable], bool]) -> None:
+        """Forget the recordings whose key ``which`` selects (the buffers they read are about to be freed)."""
+        for key in [key for key in self._graphs if which(key)]:
+            del self._graphs[key]
 
     def replay(self, key: Hashable) -> Any:
         """Replay the graph recorded for ``key`` (which must exist) → its outputs; for measuring a recording alone."""
@@ -84,6 +92,8 @@ class StepGraphs:
             return True
         except CaptureError:
             raise  # the aux taps misfired: a real error, not a reason to go eager
+        except self.raises:
+            raise
         except Exception as error:  # anything a recording can raise
             log.warning("eyas: %s cannot be replayed from a CUDA graph (%s: %s); running eagerly",
                         self.name, type(error).__name__, error)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from eyas.engine.attention import additive_mask
+from eyas.engine.attention import layer_masks, sliding_rule
 from eyas.engine.fused_llama import FusedLlamaForward, fused_support
 from eyas.engine.graphs import InputBuffer, StepGraphs
 from eyas.engine.kv import SlotCache
@@ -58,12 +58,7 @@ class TargetRunner:
         self.device = layout.embed.weight.device
         self.dtype = layout.embed.weight.dtype
         config = text_config(model.config)
-        types = list(getattr(config, "layer_types", None) or [])
-        window = getattr(config, "sliding_window", None)
-        # Which layers slide: those typed so (Gemma 3, Qwen2 with use_sliding_window), or — when a model
-        # has a window but no layer types (Mistral, Mixtral) — all of them, as its HF forward does
-        self.sliding_window = window if "sliding_attention" in types or (window is not None and not types) else None
-        self.sliding_everywhere = self.sliding_window is not None and not types
+        self.sliding_window, self.sliding_everywhere = sliding_rule(config)
         self.cache = SlotCache(int(config.num_hidden_layers), capacity)
         self.length = 0  # committed tokens, as the host last saw them (rounds keep the device's count)
         # position held by each slot: the sliding-window mask compares positions, not slots
@@ -188,10 +183,6 @@ class TargetRunner:
     def _masks(self, visible: torch.Tensor, positions: torch.Tensor):
         """The additive mask(s) from ``visible`` [n, width]: one tensor, or a dict per layer type when some
         layers slide (a query sees keys fewer than ``sliding_window`` positions back)."""
-        if self.sliding_window is None:
-            return additive_mask(visible, self.dtype)
-        near = (positions[:, None] - self.slot_positions[None, : visible.shape[1]]) < self.sliding_window
-        if self.sliding_everywhere:
-            return additive_mask(visible & near, self.dtype)
-        return {"full_attention": additive_mask(visible, self.dtype),
-                "sliding_attention": additive_mask(visible & near, self.dtype)}
+        near = None if self.sliding_window is None else \
+            (positions[:, None] - self.slot_positions[None, : visible.shape[1]]) < self.sliding_window
+        return layer_masks(visible, near, self.sliding_everywhere, self.dtype)
