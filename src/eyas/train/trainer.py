@@ -51,8 +51,9 @@ class TrainReport:
     initial_eval: dict = field(default_factory=dict)
 
 
-def train(options: TrainOptions) -> TrainReport:
-    """Run (or resume) training; returns the report, also written to RUN_DIR/report.json."""
+def train(options: TrainOptions, loaded=None) -> TrainReport:
+    """Run (or resume) training; returns the report, also written to RUN_DIR/report.json. ``loaded``: for --online, the
+    target already in memory (see :func:`setup_training`)."""
     torch.manual_seed(options.seed)
     rank, world, device = init_distributed()
     lead = rank == 0  # rank 0 evaluates, logs and writes checkpoints
@@ -72,7 +73,7 @@ def train(options: TrainOptions) -> TrainReport:
     recorded = read_run_record(out) if latest is not None else None
     target = target_identity(options)
     changes = resume_changes(recorded, options, at, out, target) if recorded is not None else {}
-    setup = setup_training(options, device)
+    setup = setup_training(options, device, loaded)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
     if lead:
         check_space(out, run_bytes(out, drafter, options.keep), options.force, "training (checkpoints, final weights)",
@@ -258,9 +259,10 @@ def training_autocast(device: torch.device):
     return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
 
 
-def setup_training(options: TrainOptions, device: torch.device) -> dict:
+def setup_training(options: TrainOptions, device: torch.device, loaded=None) -> dict:
     """Data sources, teacher (target lm_head rows), draft vocabulary, the drafter, and what RUN_DIR records: the target
-    facts (with the layer ids) and the inputs."""
+    facts (with the layer ids) and the inputs. ``loaded``: online, the target already in memory (an
+    :class:`eyas.target.Target` of ``options.target``'s config) instead of loading it."""
     from eyas.data.vocab import VOCAB_FILE, load_vocab
     from eyas.target.facts import target_facts, target_input
     from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
@@ -276,7 +278,7 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
         from eyas.target import load_target
 
         verify_stage_dir(options.data, "prepare")
-        target = load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
+        target = loaded or load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
         layer_ids = validate_layer_ids(options.layer_ids or default_layer_ids(target.layout.num_layers), target.layout.num_layers)
         data_dir = Path(options.data)
         source = OnlineSource(target, data_dir, "train", layer_ids, options.token_budget, device, dtype)
@@ -312,7 +314,10 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
     draft_ids = vocab.draft_ids.to(device)
     drafter_config = drafter_config_from_target(config, layer_ids, len(vocab.d2t), options.hidden_size)
     drafter = _new_drafter(drafter_config, vocab.d2t, head, embed, draft_ids, options.seed).to(device)
-    return {"drafter": drafter, "source": source, "holdout": holdout, "head": head.to(device, torch.float32),
+    # The teacher's full-vocabulary logits are the target's own: bf16 on a GPU (a float32 [V, Ht] copy would be 4.7 GB
+    # at Kimi-K2.5's widths and run its matmul at the float32 rate, a third of a training step), float32 on the CPU.
+    teacher_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"drafter": drafter, "source": source, "holdout": holdout, "head": head.to(device, teacher_dtype),
             "draft_ids": draft_ids, "target": {**facts, "layer_ids": list(layer_ids)},
             "inputs": [data_input(options), target_input(facts)]}
 
