@@ -105,3 +105,23 @@ def test_flop_formula_matches_torchs_count_at_small_widths():
     # torch does not count, on the CPU, step 0's fused attention nor the own keys' elementwise products
     unseen = 3 * (flops.attention_real / steps + flops.attention_own)
     assert counter.get_total_flops() == flops.training - unseen
+
+
+def test_offline_batches_travel_in_storage_form_and_prefetched_ones_are_the_same(rehearsal):
+    from eyas.train.data import OfflineSource, Prefetcher
+
+    source = OfflineSource(rehearsal["stores"]["fp8"], "train", 256, torch.device("cpu"), torch.float32)
+    assert len(source.batches) > 2
+    host = source.host_batch(0)
+    assert host["aux"].dtype == torch.float8_e4m3fn and host["aux_scale"].shape[-1] == 3  # widened only on the device
+    batch, store = source.to_device(host), FeatureStore(rehearsal["stores"]["fp8"], "train", dtype=torch.float32)
+    first = store[source.batches[0][0]]
+    torch.testing.assert_close(batch.aux[0, : len(first["input_ids"])], first["aux"], rtol=0, atol=0)
+    loader = Prefetcher(source)
+    loader.ahead([2, 1])
+    try:
+        for index in (2, 1, 0):  # 0 was not asked ahead: loaded on the spot
+            got, want = loader.batch(index), source.batch(index)
+            assert all(torch.equal(getattr(got, f), getattr(want, f)) for f in ("aux", "final", "input_ids", "loss_mask", "valid"))
+    finally:
+        loader.close()

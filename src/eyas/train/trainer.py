@@ -29,7 +29,7 @@ from eyas.errors import EyasError
 from eyas.outputs import check_space, claim_out, writing
 from eyas.progress import progress_bar
 from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, run_bytes, save_checkpoint
-from eyas.train.data import OfflineSource, OnlineSource, batches_forever
+from eyas.train.data import OfflineSource, OnlineSource, Prefetcher, batches_forever
 from eyas.train.evaluate import evaluate
 from eyas.train.options import TrainOptions, trains_online
 from eyas.train.resume import data_input, new_record, read_run_record, resume_changes, resumed_record, target_identity
@@ -127,18 +127,23 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
     drafter.train()
     stream = batches_forever(source, options.seed, epoch, index)
     bar_name = "train" if world == 1 else f"train (rank {rank}/{world})"
-    with StopRequests() as stop, progress_bar(bar_name, total=total_steps, unit="step") as bar:
+    with StopRequests() as stop, progress_bar(bar_name, total=total_steps, unit="step") as bar, \
+            contextlib.closing(Prefetcher(source)) as loader:  # shards are read one optimizer step ahead, on a thread
+        upcoming = [next(stream) for _ in range(per_step)]
+        loader.ahead(i for _, _, i in upcoming[rank::world])
         bar(step)
         while step < total_steps:
             # Tallies stay on the device until the step ends: reading one back per TTT step would make the
             # host wait for the GPU 21 times a batch instead of queueing the next kernels.
             losses = torch.zeros(options.ttt_steps, device=device)
             correct, counted, tokens = torch.zeros_like(losses), torch.zeros_like(losses), 0
-            global_items = [next(stream) for _ in range(per_step)]  # every rank walks the same global order
+            global_items = upcoming  # every rank walks the same global order
+            upcoming = [next(stream) for _ in range(per_step)]
+            loader.ahead(i for _, _, i in upcoming[rank::world])
             epoch, index = global_items[-1][0], global_items[-1][1]  # data position after this step
             mine = global_items[rank::world]
             for _, _, batch_index in mine:
-                batch = source.batch(batch_index)
+                batch = loader.batch(batch_index)
                 signal = target_signal(batch.final, head, draft_ids)
                 total = 0.0
                 with autocast():
