@@ -110,7 +110,7 @@ def test_flop_formula_matches_torchs_count_at_small_widths():
 def test_offline_batches_travel_in_storage_form_and_prefetched_ones_are_the_same(rehearsal):
     from eyas.train.data import OfflineSource, Prefetcher
 
-    source = OfflineSource(rehearsal["stores"]["fp8"], "train", 256, torch.device("cpu"), torch.float32)
+    source = OfflineSource(rehearsal["stores"]["fp8"], "train", 96, torch.device("cpu"), torch.float32)
     assert len(source.batches) > 2
     host = source.host_batch(0)
     assert host["aux"].dtype == torch.float8_e4m3fn and host["aux_scale"].shape[-1] == 3  # widened only on the device
