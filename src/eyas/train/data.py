@@ -29,11 +29,12 @@ class Batch:
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
     valid: torch.Tensor
+    count: int | None = None  # real tokens, when the host knew them (reading valid back would wait for the GPU)
 
     @property
     def tokens(self) -> int:
         """Real tokens in the batch."""
-        return int(self.valid.sum())
+        return self.count if self.count is not None else int(self.valid.sum())
 
 
 def plan_batches(lengths: list[int], token_budget: int, max_batch: int = 64) -> list[tuple[int, ...]]:
@@ -94,7 +95,7 @@ class OfflineSource:
         moved = {name: tensor.to(self.device, non_blocking=True) for name, tensor in host.items()}
         states = {name: self.store.decode(moved[name], moved.get(f"{name}_scale")).to(self.dtype) for name in ("aux", "final")}
         return Batch(aux=states["aux"], final=states["final"], input_ids=moved["input_ids"], loss_mask=moved["loss_mask"],
-                     valid=moved["valid"])
+                     valid=moved["valid"], count=int(host["valid"].sum()))
 
 
 class Prefetcher:
@@ -156,6 +157,7 @@ class OnlineSource:
             input_ids=input_ids.to(self.device),
             loss_mask=pad_right([r.loss_mask for r in rows], torch.uint8).to(self.device),
             valid=valid.to(self.device),
+            count=int(valid.sum()),
         )
 
 

@@ -143,18 +143,8 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
             epoch, index = global_items[-1][0], global_items[-1][1]  # data position after this step
             mine = global_items[rank::world]
             for _, _, batch_index in mine:
-                batch = loader.batch(batch_index)
-                signal = target_signal(batch.final, head, draft_ids)
-                total = 0.0
-                with autocast():
-                    for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, options.ttt_steps)):
-                        result = step_loss(logits, signal, batch.loss_mask, k)
-                        total = total + weights[k] * result.loss
-                        losses[k] += result.loss.detach() / options.grad_accum
-                        correct[k] += result.correct
-                        counted[k] += result.count
-                (total / options.grad_accum).backward()
-                tokens += batch.tokens
+                tokens += micro_batch(drafter, loader.batch(batch_index), head, draft_ids, options, weights, autocast,
+                                      (losses, correct, counted))
             if world > 1:  # average gradients over ranks: the same as one process accumulating them all
                 if not sharded:  # (FSDP2 reduce-scatters them itself)
                     for param in drafter.trainable_parameters():
@@ -210,6 +200,24 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
         finish_run_dir(out, drafter, final_state, asdict(report), options, setup["inputs"])
     barrier()
     return report
+
+
+def micro_batch(drafter: Eagle3Drafter, batch, head: torch.Tensor, draft_ids: torch.Tensor, options: TrainOptions,
+                weights: list[float], autocast, tallies: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> int:
+    """Forward (the teacher, K TTT steps) and backward of one micro-batch; adds each step's loss, hits and counted
+    positions to ``tallies`` (on the device, not read back); returns the batch's real tokens."""
+    losses, correct, counted = tallies
+    signal = target_signal(batch.final, head, draft_ids)
+    total = 0.0
+    with autocast():
+        for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, options.ttt_steps)):
+            result = step_loss(logits, signal, batch.loss_mask, k)
+            total = total + weights[k] * result.loss
+            losses[k] += result.loss.detach() / options.grad_accum
+            correct[k] += result.correct
+            counted[k] += result.count
+    (total / options.grad_accum).backward()
+    return batch.tokens
 
 
 class StopRequests:
