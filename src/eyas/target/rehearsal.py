@@ -68,13 +68,13 @@ class VisionTower(nn.Module):
     def __init__(self, width: int, depth: int):
         super().__init__()
         self.patch = nn.Linear(12, width)
-        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))  # named like the text stack, too
         self.norm = nn.LayerNorm(width)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         hidden = self.patch(pixels)
-        for block in self.blocks:
-            hidden = hidden + torch.tanh(block(hidden))
+        for layer in self.layers:
+            hidden = hidden + torch.tanh(layer(hidden))
         return self.norm(hidden)
 
 
