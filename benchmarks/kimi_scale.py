@@ -186,8 +186,9 @@ def ttt_saved_bytes(config, rows: int, length: int, steps: int) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", sdpa):
-        for k, logits in enumerate(ttt_steps(drafter, aux, ids, steps, fused=True)):
-            step_loss(logits, signal, mask, k, compile=False)
+        kept = [step_loss(logits, signal, mask, k, compile=False).loss  # the trainer keeps every step's graph
+                for k, logits in enumerate(ttt_steps(drafter, aux, ids, steps, fused=True))]
+    assert len(kept) == steps  # alive until here: no storage is freed and its address reused while counting
     return sum(saved.values())
 
 
