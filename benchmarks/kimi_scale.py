@@ -300,6 +300,7 @@ def capture_group(args) -> dict:
         row = result[f"capture_{dtype}"]
         row["plain_tokens_per_s"] = (rates[-2] + rates[-1]) / 2
         row["ratio"] = row["tokens_per_s"] / row["plain_tokens_per_s"]
+        print(f"capture {dtype}: {json.dumps(row)}; prefill so far {rates}", flush=True)  # seen even if the call times out
     result["plain_prefill_tokens_per_s"] = rates
     few = make_data(args, "data-profile", 4 * budget)  # the busy share over a few batches: the profiler's cost grows with kernels
 
@@ -383,6 +384,7 @@ def train_group(args) -> dict:
 
     for i in range(args.warmup):
         step(i, False)
+    print(f"{args.warmup} warm-up steps done; peak {peak_gib():.1f} GiB", flush=True)
     sync()
     if CUDA:
         torch.cuda.reset_peak_memory_stats()
