@@ -125,3 +125,17 @@ def test_offline_batches_travel_in_storage_form_and_prefetched_ones_are_the_same
             assert all(torch.equal(getattr(got, f), getattr(want, f)) for f in ("aux", "final", "input_ids", "loss_mask", "valid"))
     finally:
         loader.close()
+
+
+def test_the_head_directory_is_a_target_spec_for_a_fresh_eyas_process(rehearsal):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "eyas", "inspect", rehearsal["spec"]], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "language_model.model.layers: N = 61" in done.stdout and "[2, 30, 58]" in done.stdout
