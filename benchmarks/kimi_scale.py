@@ -44,7 +44,8 @@ def main() -> None:
     parser.add_argument("group", choices=("estimate", "capture", "train", "export"))
     parser.add_argument("--out", type=Path, default=None, help="run folder (default benchmarks/results/<date>_<machine>_kimi-<group>)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/eyas-kimi"), help="scratch: head dir, data, stores, runs")
-    parser.add_argument("--tokens", type=int, default=None, help="synthetic tokens (capture: 131,072; train: 262,144)")
+    parser.add_argument("--tokens", type=int, default=None, help="synthetic tokens (capture: 98,304; train: 8 batches, "
+                        "cycled; export: 16,384)")
     parser.add_argument("--lengths", default="1024,2432", help="sample lengths, uniform between (mean 1,728)")
     parser.add_argument("--token-budget", type=int, default=None, help="per batch (capture 16,384; train 8,192)")
     parser.add_argument("--mode", choices=("offline", "online"), default="offline", help="train only")
@@ -258,7 +259,7 @@ def capture_group(args) -> dict:
 
     budget = args.token_budget or 16384
     model, spec, loaded = make_target(args)
-    data = make_data(args, "data", args.tokens or 131072)
+    data = make_data(args, "data", args.tokens or 98304)
     samples = read_samples(data / "train.parquet")
     lengths = [len(s.input_ids) for s in samples]
     tokens = sum(lengths)
@@ -340,7 +341,7 @@ def train_group(args) -> dict:
     budget = args.token_budget or 8192
     steps = args.warmup + args.steps
     model, spec, loaded = make_target(args)
-    data = make_data(args, "data", args.tokens or steps * budget)
+    data = make_data(args, "data", args.tokens or 8 * budget)  # the timed steps cycle through these batches
     common = dict(target=spec, out=args.work / "unused", token_budget=budget, ttt_steps=args.ttt_steps)
     if args.mode == "offline":
         store = args.work / "features-fp8"
