@@ -359,19 +359,22 @@ def train_group(args) -> dict:
     setup = setup_training(options, device, loaded)
     drafter, source, head, draft_ids = setup["drafter"], setup["source"], setup["head"], setup["draft_ids"]
     drafter.train()
+    if CUDA:  # from here: what training holds (offline, the target and its capture are gone)
+        torch.cuda.reset_peak_memory_stats()
     optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas,
                                   weight_decay=options.weight_decay)  # as the trainer builds it
     weights = [options.step_decay**k for k in range(options.ttt_steps)]
     autocast = training_autocast(device)
     order = [i % len(source.batches) for i in range(steps + 3)]
     loader = Prefetcher(source)
-    loader.ahead(order)
+    loader.ahead(order[:1])
     counted = {"flops": 0.0, "teacher": 0.0, "tokens": 0}
     # tokens of each sample, by the positions the source's batches hold
     lengths = [len(s.input_ids) for s in source.samples] if hasattr(source, "samples") else source.store.lengths
 
     def step(i: int, count: bool) -> None:
         tallies = tuple(torch.zeros(options.ttt_steps, device=device) for _ in range(3))
+        loader.ahead(order[i + 1:i + 2])  # one step ahead, as the trainer reads
         tokens = micro_batch(drafter, loader.batch(order[i]), head, draft_ids, options, weights, autocast, tallies)
         tallies[0].cpu()  # the trainer reads the tallies back once a step
         torch.nn.utils.clip_grad_norm_(drafter.trainable_parameters(), options.clip)
@@ -385,7 +388,8 @@ def train_group(args) -> dict:
 
     for i in range(args.warmup):
         step(i, False)
-    print(f"{args.warmup} warm-up steps done; peak {peak_gib():.1f} GiB", flush=True)
+    warmup_peak = peak_gib()
+    print(f"{args.warmup} warm-up steps done; peak {warmup_peak:.1f} GiB", flush=True)
     sync()
     if CUDA:
         torch.cuda.reset_peak_memory_stats()
@@ -403,7 +407,7 @@ def train_group(args) -> dict:
     loader.close()
     result = {"mode": args.mode, "token_budget": budget, "ttt_steps": options.ttt_steps, "timed_steps": args.steps,
               "tokens_per_s": counted["tokens"] / seconds, "step_s": seconds / args.steps,
-              "peak_GiB": peak_gib(), "mfu_drafter": mfu(counted["flops"], seconds),
+              "peak_GiB": peak_gib(), "peak_GiB_with_warmup": warmup_peak, "mfu_drafter": mfu(counted["flops"], seconds),
               "mfu_with_teacher": mfu(counted["flops"] + counted["teacher"], seconds),
               "drafter_GFLOP_per_token": counted["flops"] / counted["tokens"] / 1e9, "busy": busy,
               "drafter_config": drafter.config.to_dict()}
