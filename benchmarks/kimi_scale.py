@@ -1,6 +1,5 @@
 """Issue 23 at Kimi-K2.5's real widths on one H200: one command per measurement group, each within a 10-minute call.
 
-    PYTHONPATH=src python3 benchmarks/kimi_scale.py estimate [--out DIR]          # CPU only: memory and rates, by arithmetic
     PYTHONPATH=src python3 benchmarks/kimi_scale.py capture  [--out DIR] [--tokens N]
     PYTHONPATH=src python3 benchmarks/kimi_scale.py train    [--out DIR] --mode offline|online
     PYTHONPATH=src python3 benchmarks/kimi_scale.py export   [--out DIR]
@@ -11,6 +10,7 @@ head directory (config + embedding, lm_head, final norm: 4.7 GB) is what the sta
 training take the model itself. Data: synthetic, eyas.data.synthetic (Zipf-distributed random ids over the whole
 vocabulary, lengths uniform in --lengths, mean 1,728 = the seeds' 17.3 M tokens / 10,000 samples); the draft
 vocabulary is their 32,000 most frequent ids. Each group writes run.json and <group>.json into --out.
+benchmarks/kimi_estimate.py computes, on the CPU, what these groups should find (memory per stage, rates from FLOPs).
 
 - capture: bare prefill (use_cache off, logits_to_keep 1) and `eyas capture` into the store in bf16 and fp8, on the
   same batches, interleaved (each capture between two prefill runs, its ratio against their mean); GPU busy share of
@@ -29,7 +29,6 @@ import json
 import shutil
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -41,7 +40,7 @@ DRAFT_VOCAB, LAYER_IDS = 32000, (2, 30, 58)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("group", choices=("estimate", "capture", "train", "export"))
+    parser.add_argument("group", choices=("capture", "train", "export"))
     parser.add_argument("--out", type=Path, default=None, help="run folder (default benchmarks/results/<date>_<machine>_kimi-<group>)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/eyas-kimi"), help="scratch: head dir, data, stores, runs")
     parser.add_argument("--tokens", type=int, default=None, help="synthetic tokens (capture: 98,304; train: 8 batches, "
@@ -62,7 +61,7 @@ def main() -> None:
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     started = time.perf_counter()
-    result = {"estimate": estimate, "capture": capture_group, "train": train_group, "export": export_group}[args.group](args)
+    result = {"capture": capture_group, "train": train_group, "export": export_group}[args.group](args)
     result["seconds"] = time.perf_counter() - started
     if torch.cuda.is_available():
         result["device"] = machine
@@ -140,113 +139,6 @@ def disk_plan(per_token: dict) -> dict:
     """Store sizes for the seeds' job and a 6 B-token run, per storage dtype (TB = 1e12 bytes)."""
     return {d: {"bytes_per_token": b, "seeds_17.3M_TB": b * SEEDS_TOKENS / 1e12, "run_6B_TB": b * LARGE_TOKENS / 1e12}
             for d, b in per_token.items()}
-
-
-# --- estimate (CPU) --------------------------------------------------------------------------------------------------
-
-class _FusedAttention(torch.autograd.Function):
-    """What the GPU's fused attention saves for backward (q, k, v, out, logsumexp, the mask), shapes only: on the meta
-    device PyTorch would decompose attention into the math path and keep [B, h, T, S] scores the GPU never writes."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask):
-        out = q.new_empty(*q.shape[:-1], v.shape[-1])
-        ctx.save_for_backward(q, k, v, out, q.new_empty(q.shape[:-1], dtype=torch.float32), mask)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise NotImplementedError
-
-
-def ttt_saved_bytes(config, rows: int, length: int, steps: int) -> int:
-    """Bytes autograd keeps for backward over a TTT unroll and its loss at these widths (meta tensors, bf16 as autocast
-    computes): the activation memory of a training micro-batch."""
-    from eyas.drafter.loss import TargetSignal, step_loss
-    from eyas.drafter.model import Eagle3Drafter
-    from eyas.drafter.ttt import ttt_steps
-
-    with torch.device("meta"):
-        drafter = Eagle3Drafter(config).to(torch.bfloat16)
-        aux = torch.empty(rows, length, config.aux_width, dtype=torch.bfloat16)
-        ids = torch.zeros(rows, length, dtype=torch.long)
-        signal = TargetSignal(torch.empty(rows, length, config.draft_vocab_size), torch.zeros(rows, length, dtype=torch.long),
-                              torch.ones(rows, length, dtype=torch.bool))
-        mask = torch.ones(rows, length, dtype=torch.uint8)
-    params = {p.untyped_storage()._cdata for p in drafter.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        key = t.untyped_storage()._cdata
-        if key not in params:
-            saved[key] = t.untyped_storage().nbytes()
-        return t
-
-    def sdpa(q, k, v, attn_mask=None, is_causal=False, **_):
-        return _FusedAttention.apply(q, k, v, attn_mask if attn_mask is not None else torch.empty(0, device=q.device))
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-            mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", sdpa):
-        kept = [step_loss(logits, signal, mask, k, compile=False).loss  # the trainer keeps every step's graph
-                for k, logits in enumerate(ttt_steps(drafter, aux, ids, steps, fused=True))]
-    assert len(kept) == steps  # alive until here: no storage is freed and its address reused while counting
-    return sum(saved.values())
-
-
-def estimate(args) -> dict:
-    """Memory per stage and rates expected from FLOPs, computed on the CPU."""
-    from eyas.drafter.config import drafter_config_from_target
-    from eyas.drafter.flops import H200_BF16_DENSE, training_flops
-    from eyas.store import fp8
-    from eyas.store.shards import bytes_per_token
-    from eyas.target.rehearsal import RehearsalConfig, RehearsalForConditionalGeneration, kimi_text_config
-
-    text = kimi_text_config()
-    with torch.device("meta"):
-        target = RehearsalForConditionalGeneration(RehearsalConfig(text_config=text))
-    target_params = sum(p.numel() for p in target.parameters())
-    per_layer_active = 101.0e6 + 9 * 3 * 7168 * 2048  # MLA + 8 routed + 1 shared experts (layer 0: dense, the same)
-    prefill_flops = 2 * 61 * per_layer_active  # per token, logits_to_keep=1 (attention scores ~1 % more at T ≈ 1.7 k)
-    config = drafter_config_from_target(text, LAYER_IDS, DRAFT_VOCAB)
-    from eyas.drafter.model import Eagle3Drafter
-
-    with torch.device("meta"):
-        drafter = Eagle3Drafter(config)
-    total = sum(p.numel() for p in drafter.parameters())
-    trainable = sum(p.numel() for p in drafter.trainable_parameters())
-    states = 4 * total + 12 * trainable + 2 * trainable  # fp32 weights; grads + AdamW moments; autocast's bf16 copies
-    budget, length = 8192, 2048
-    rows = budget // length
-    lengths = [length] * rows
-    flops = training_flops(config, lengths, args.ttt_steps)
-    saved = ttt_saved_bytes(config, rows, length, args.ttt_steps)
-    batch_in = budget * (4 * 3 * 7168 + 4 * 7168) + budget * DRAFT_VOCAB * 4  # fp32 aux + final, teacher probs
-    capture_batch = 16384 * 7168 * 2 * (3 + 1 + 1) + 16384 * 64 * (192 * 3 + 128) * 2 * 2  # aux/final/residual; q,k,v,out
-    # what the GPU would have waited for before the loader fix: widening one fp8 batch to fp32 on this host
-    q = torch.randn(budget, 4 * 7168).to(torch.float8_e4m3fn)
-    scale = torch.ones(budget, 4)
-    start = time.perf_counter()
-    fp8.dequantize(q, scale, torch.float32)
-    host_decode = time.perf_counter() - start
-    at = 0.4 * H200_BF16_DENSE
-    step_seconds = (flops.training + flops.teacher) / at
-    return {
-        "target": {"parameters": target_params, "bf16_GB": target_params * 2 / 1e9, "routed_experts": 8,
-                   "prefill_GFLOP_per_token": prefill_flops / 1e9,
-                   "prefill_tokens_per_s_at_40pct_MFU": at / prefill_flops,
-                   "capture_batch_transient_GB_16k_tokens": capture_batch / 1e9},
-        "store": disk_plan({d: bytes_per_token(7168, 3, d) for d in ("bf16", "fp8")}),
-        "drafter": {"parameters": total, "trainable": trainable, "weights_grads_adam_GB": states / 1e9,
-                    "teacher_lm_head_bf16_GB": 163840 * 7168 * 2 / 1e9},
-        "micro_batch": {"tokens": budget, "rows": rows, "length": length, "ttt_steps": args.ttt_steps,
-                        "saved_for_backward_GB": saved / 1e9, "inputs_GB": batch_in / 1e9,
-                        "training_GFLOP_per_token": flops.training / budget / 1e9,
-                        "teacher_GFLOP_per_token": flops.teacher / budget / 1e9,
-                        "expected_step_s_at_40pct": step_seconds, "expected_tokens_per_s_at_40pct": budget / step_seconds,
-                        "offline_peak_GB_estimate": (states + saved + batch_in) / 1e9 + 2.35,
-                        "online_peak_GB_estimate": (states + saved + batch_in + capture_batch / 2) / 1e9 + 65.4,
-                        "host_fp8_to_fp32_decode_s_this_cpu": host_decode},
-    }
 
 
 # --- capture (GPU) ---------------------------------------------------------------------------------------------------
