@@ -9,6 +9,9 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+# The vision tower has as many blocks as the text stack, on purpose: layout discovery must not be fooled.
+from eyas.target.rehearsal import VisionTower as _VisionTower
+
 LAYERS = 8
 HIDDEN = 64
 VOCAB = 256
@@ -132,21 +135,6 @@ class KimiStyleConfig(PretrainedConfig):
     def __init__(self, text_config=None, **kwargs):
         self.text_config = text_config
         super().__init__(**kwargs)
-
-
-class _VisionTower(nn.Module):
-    # As many blocks as the text stack, on purpose: layout discovery must not be fooled.
-    def __init__(self, width: int, depth: int):
-        super().__init__()
-        self.patch = nn.Linear(12, width)
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-        self.norm = nn.LayerNorm(width)
-
-    def forward(self, pixels):
-        h = self.patch(pixels)
-        for layer in self.layers:
-            h = h + torch.tanh(layer(h))
-        return self.norm(h)
 
 
 class KimiStyleForConditionalGeneration(PreTrainedModel):

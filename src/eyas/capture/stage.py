@@ -54,8 +54,10 @@ class CaptureReport:
     capture_seconds: float = 0.0  # first batch to last shard on disk
 
 
-def capture(options: CaptureOptions) -> CaptureReport:
-    """Run the capture stage in this process (one rank of ``WORLD_SIZE``)."""
+def capture(options: CaptureOptions, loaded=None) -> CaptureReport:
+    """Run the capture stage in this process (one rank of ``WORLD_SIZE``). ``loaded``: the target already in memory
+    (an :class:`eyas.target.Target` of ``options.target``'s config and weights, e.g. a rehearsal target built on the
+    GPU) instead of loading it; ``options.target`` still names the directory its config and head tensors are read from."""
     started = time.perf_counter()
     if options.dtype not in DTYPES:
         raise EyasError(f"--dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
@@ -101,7 +103,7 @@ def capture(options: CaptureOptions) -> CaptureReport:
           flush=True)
     out.mkdir(parents=True, exist_ok=True)
 
-    states = _state_source(options, source, layer_ids, device, num_layers, todo, samples)
+    states = _state_source(options, source, layer_ids, device, num_layers, todo, samples, loaded)
     records = list(done.values())
     loop_started = time.perf_counter()
 
@@ -190,7 +192,7 @@ def _cap(samples: dict, max_gb: float | None, per_token: int) -> tuple[dict, int
     return kept, dropped
 
 
-def _state_source(options, source, layer_ids, device, num_layers, todo, samples):
+def _state_source(options, source, layer_ids, device, num_layers, todo, samples, loaded=None):
     """A function (split, shard plan) → per-sample (aux, final), from the HF model or from vLLM."""
     if options.engine == "vllm":
         from eyas.capture.vllm_states import vllm_states
@@ -198,7 +200,7 @@ def _state_source(options, source, layer_ids, device, num_layers, todo, samples)
         return vllm_states(options, source, layer_ids, num_layers, todo, samples)
     from eyas.target import capture_hidden_states, load_target
 
-    target = load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
+    target = loaded or load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
     layers = len(layer_ids)
 
     def states(split: str, plan: ShardPlan):

@@ -58,21 +58,28 @@ class FeatureStore:
         return [s for shard in self.shards for s in shard.sample_ids]
 
     def __getitem__(self, i: int) -> dict:
+        item = self.stored(i)
+        for name in ("aux", "final"):
+            item[name] = self.decode(item[name], item.pop(f"{name}_scale", None))
+        return item
+
+    def stored(self, i: int) -> dict:
+        """Sample ``i`` as the shard stores it (fp8 states with their ``aux_scale``/``final_scale``): what a loader
+        moves to the GPU, where :meth:`decode` is nearly free, instead of widening it on the host first."""
         k, j = self._index[i]
         handle = self._handle(k)
         offsets = self._offsets[k]
         a, b = int(offsets[j]), int(offsets[j + 1])
-        item = {"id": self.shards[k].sample_ids[j]}
-        for name in ("input_ids", "loss_mask"):
-            item[name] = handle.get_slice(name)[a:b]
-        for name in ("aux", "final"):
-            values = handle.get_slice(name)[a:b]
-            if self.manifest.dtype == "fp8":
-                values = fp8.dequantize(values, handle.get_slice(f"{name}_scale")[a:b], self.dtype or torch.bfloat16)
-            elif self.dtype is not None:
-                values = values.to(self.dtype)
-            item[name] = values
-        return item
+        names = ("input_ids", "loss_mask", "aux", "final") + (("aux_scale", "final_scale") if self.manifest.dtype == "fp8" else ())
+        return {"id": self.shards[k].sample_ids[j], **{name: handle.get_slice(name)[a:b] for name in names}}
+
+    def decode(self, values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """Stored states ``values`` [..., W] (with their fp8 ``scale`` [..., k]) in the store's read dtype, where they are."""
+        if scale is not None:
+            shape = values.shape
+            flat = fp8.dequantize(values.reshape(-1, shape[-1]), scale.reshape(-1, scale.shape[-1]), self.dtype or torch.bfloat16)
+            return flat.reshape(shape)
+        return values if self.dtype is None else values.to(self.dtype)
 
     def scales(self, i: int) -> dict[str, torch.Tensor] | None:
         """Sample ``i``'s fp8 scales (``aux`` [T, k], ``final`` [T, 1], float32) as stored; None for other dtypes."""

@@ -86,6 +86,8 @@ def load_target_config(spec: str, trust_remote_code: bool = False):
     """Load only the config of a target (no weights); returns (config, source)."""
     from transformers import AutoConfig
 
+    import eyas.target.rehearsal  # noqa: F401  registers the rehearsal target's config (its head directories load anywhere)
+
     source = resolve_target(spec)
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code), source

@@ -29,11 +29,12 @@ class Batch:
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
     valid: torch.Tensor
+    count: int | None = None  # real tokens, when the host knew them (reading valid back would wait for the GPU)
 
     @property
     def tokens(self) -> int:
         """Real tokens in the batch."""
-        return int(self.valid.sum())
+        return self.count if self.count is not None else int(self.valid.sum())
 
 
 def plan_batches(lengths: list[int], token_budget: int, max_batch: int = 64) -> list[tuple[int, ...]]:
@@ -47,12 +48,16 @@ def epoch_order(batches: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(batches, generator=generator).tolist()
 
 
-def _pad_states(rows: list[torch.Tensor]) -> torch.Tensor:
+def _pad_states(rows: list[torch.Tensor], pin: bool = False) -> torch.Tensor:
     longest = max(r.shape[0] for r in rows)
-    out = torch.zeros(len(rows), longest, rows[0].shape[-1], dtype=rows[0].dtype)
+    out = torch.zeros(len(rows), longest, rows[0].shape[-1], dtype=rows[0].dtype, pin_memory=pin)
     for i, row in enumerate(rows):
         out[i, : row.shape[0]] = row
     return out
+
+
+def _pin(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
+    return tensor.pin_memory() if pin else tensor
 
 
 class OfflineSource:
@@ -72,15 +77,57 @@ class OfflineSource:
 
     def batch(self, index: int) -> Batch:
         """Batch ``index`` of the plan."""
-        items = [self.store[i] for i in self.batches[index]]
-        valid = pad_right([np.ones(len(x["input_ids"]), dtype=bool) for x in items], torch.bool)
-        return Batch(
-            aux=_pad_states([x["aux"] for x in items]).to(self.device, self.dtype),
-            final=_pad_states([x["final"] for x in items]).to(self.device, self.dtype),
-            input_ids=pad_right([x["input_ids"].numpy() for x in items], torch.long).to(self.device),
-            loss_mask=pad_right([x["loss_mask"].numpy() for x in items], torch.uint8).to(self.device),
-            valid=valid.to(self.device),
-        )
+        return self.to_device(self.host_batch(index))
+
+    def host_batch(self, index: int) -> dict[str, torch.Tensor]:
+        """Batch ``index`` padded on the host in storage form (fp8 stays fp8), pinned when training on a GPU: the part
+        of loading a :class:`Prefetcher` runs on its thread while the GPU trains."""
+        items = [self.store.stored(i) for i in self.batches[index]]
+        pin = self.device.type == "cuda"
+        host = {name: _pad_states([x[name] for x in items], pin) for name in items[0] if name not in ("id", "input_ids", "loss_mask")}
+        host["input_ids"] = _pin(pad_right([x["input_ids"].numpy() for x in items], torch.long), pin)
+        host["loss_mask"] = _pin(pad_right([x["loss_mask"].numpy() for x in items], torch.uint8), pin)
+        host["valid"] = _pin(pad_right([np.ones(len(x["input_ids"]), dtype=bool) for x in items], torch.bool), pin)
+        return host
+
+    def to_device(self, host: dict[str, torch.Tensor]) -> Batch:
+        """A :meth:`host_batch` on the training device (asynchronous copies from pinned memory), decoded there."""
+        moved = {name: tensor.to(self.device, non_blocking=True) for name, tensor in host.items()}
+        states = {name: self.store.decode(moved[name], moved.get(f"{name}_scale")).to(self.dtype) for name in ("aux", "final")}
+        return Batch(aux=states["aux"], final=states["final"], input_ids=moved["input_ids"], loss_mask=moved["loss_mask"],
+                     valid=moved["valid"], count=int(host["valid"].sum()))
+
+
+class Prefetcher:
+    """Loads upcoming batches' host side on one thread while the device computes (``ahead``), so that reading shards
+    is never what a GPU waits for; sources without a host side (online: the target computes them) load in ``batch``."""
+
+    def __init__(self, source):
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.source = source
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="eyas-prefetch") if hasattr(source, "host_batch") else None
+        self.queue: deque = deque()  # (batch index, future), in the order they will be asked for
+
+    def ahead(self, indices) -> None:
+        """Start loading these batches, in this order, after those already queued."""
+        if self.pool is not None:
+            self.queue.extend((i, self.pool.submit(self.source.host_batch, i)) for i in indices)
+
+    def batch(self, index: int) -> Batch:
+        """Batch ``index``: the prefetched one when it is next in the queue, else loaded now."""
+        if self.pool is None:
+            return self.source.batch(index)
+        if self.queue and self.queue[0][0] == index:
+            return self.source.to_device(self.queue.popleft()[1].result())
+        return self.source.batch(index)
+
+    def close(self) -> None:
+        """Stop the thread (batches still queued are dropped)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.queue.clear()
 
 
 class OnlineSource:
@@ -110,6 +157,7 @@ class OnlineSource:
             input_ids=input_ids.to(self.device),
             loss_mask=pad_right([r.loss_mask for r in rows], torch.uint8).to(self.device),
             valid=valid.to(self.device),
+            count=int(valid.sum()),
         )
 
 

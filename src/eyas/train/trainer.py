@@ -29,7 +29,7 @@ from eyas.errors import EyasError
 from eyas.outputs import check_space, claim_out, writing
 from eyas.progress import progress_bar
 from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, run_bytes, save_checkpoint
-from eyas.train.data import OfflineSource, OnlineSource, batches_forever
+from eyas.train.data import OfflineSource, OnlineSource, Prefetcher, batches_forever
 from eyas.train.evaluate import evaluate
 from eyas.train.options import TrainOptions, trains_online
 from eyas.train.resume import data_input, new_record, read_run_record, resume_changes, resumed_record, target_identity
@@ -51,8 +51,9 @@ class TrainReport:
     initial_eval: dict = field(default_factory=dict)
 
 
-def train(options: TrainOptions) -> TrainReport:
-    """Run (or resume) training; returns the report, also written to RUN_DIR/report.json."""
+def train(options: TrainOptions, loaded=None) -> TrainReport:
+    """Run (or resume) training; returns the report, also written to RUN_DIR/report.json. ``loaded``: for --online, the
+    target already in memory (see :func:`setup_training`)."""
     torch.manual_seed(options.seed)
     rank, world, device = init_distributed()
     lead = rank == 0  # rank 0 evaluates, logs and writes checkpoints
@@ -72,7 +73,7 @@ def train(options: TrainOptions) -> TrainReport:
     recorded = read_run_record(out) if latest is not None else None
     target = target_identity(options)
     changes = resume_changes(recorded, options, at, out, target) if recorded is not None else {}
-    setup = setup_training(options, device)
+    setup = setup_training(options, device, loaded)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
     if lead:
         check_space(out, run_bytes(out, drafter, options.keep), options.force, "training (checkpoints, final weights)",
@@ -126,29 +127,24 @@ def train(options: TrainOptions) -> TrainReport:
     drafter.train()
     stream = batches_forever(source, options.seed, epoch, index)
     bar_name = "train" if world == 1 else f"train (rank {rank}/{world})"
-    with StopRequests() as stop, progress_bar(bar_name, total=total_steps, unit="step") as bar:
+    with StopRequests() as stop, progress_bar(bar_name, total=total_steps, unit="step") as bar, \
+            contextlib.closing(Prefetcher(source)) as loader:  # shards are read one optimizer step ahead, on a thread
+        upcoming = [next(stream) for _ in range(per_step)]
+        loader.ahead(i for _, _, i in upcoming[rank::world])
         bar(step)
         while step < total_steps:
             # Tallies stay on the device until the step ends: reading one back per TTT step would make the
             # host wait for the GPU 21 times a batch instead of queueing the next kernels.
             losses = torch.zeros(options.ttt_steps, device=device)
             correct, counted, tokens = torch.zeros_like(losses), torch.zeros_like(losses), 0
-            global_items = [next(stream) for _ in range(per_step)]  # every rank walks the same global order
+            global_items = upcoming  # every rank walks the same global order
+            upcoming = [next(stream) for _ in range(per_step)]
+            loader.ahead(i for _, _, i in upcoming[rank::world])
             epoch, index = global_items[-1][0], global_items[-1][1]  # data position after this step
             mine = global_items[rank::world]
             for _, _, batch_index in mine:
-                batch = source.batch(batch_index)
-                signal = target_signal(batch.final, head, draft_ids)
-                total = 0.0
-                with autocast():
-                    for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, options.ttt_steps)):
-                        result = step_loss(logits, signal, batch.loss_mask, k)
-                        total = total + weights[k] * result.loss
-                        losses[k] += result.loss.detach() / options.grad_accum
-                        correct[k] += result.correct
-                        counted[k] += result.count
-                (total / options.grad_accum).backward()
-                tokens += batch.tokens
+                tokens += micro_batch(drafter, loader.batch(batch_index), head, draft_ids, options, weights, autocast,
+                                      (losses, correct, counted))
             if world > 1:  # average gradients over ranks: the same as one process accumulating them all
                 if not sharded:  # (FSDP2 reduce-scatters them itself)
                     for param in drafter.trainable_parameters():
@@ -206,6 +202,24 @@ def train(options: TrainOptions) -> TrainReport:
     return report
 
 
+def micro_batch(drafter: Eagle3Drafter, batch, head: torch.Tensor, draft_ids: torch.Tensor, options: TrainOptions,
+                weights: list[float], autocast, tallies: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> int:
+    """Forward (the teacher, K TTT steps) and backward of one micro-batch; adds each step's loss, hits and counted
+    positions to ``tallies`` (on the device, not read back); returns the batch's real tokens."""
+    losses, correct, counted = tallies
+    signal = target_signal(batch.final, head, draft_ids)
+    total = 0.0
+    with autocast():
+        for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, options.ttt_steps)):
+            result = step_loss(logits, signal, batch.loss_mask, k)
+            total = total + weights[k] * result.loss
+            losses[k] += result.loss.detach() / options.grad_accum
+            correct[k] += result.correct
+            counted[k] += result.count
+    (total / options.grad_accum).backward()
+    return batch.tokens
+
+
 class StopRequests:
     """SIGTERM (a scheduler's time limit, ``timeout``, torchrun shutting down) or a first Ctrl-C ends
     training after the current step, with a checkpoint, instead of losing every step since the last
@@ -258,9 +272,10 @@ def training_autocast(device: torch.device):
     return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
 
 
-def setup_training(options: TrainOptions, device: torch.device) -> dict:
+def setup_training(options: TrainOptions, device: torch.device, loaded=None) -> dict:
     """Data sources, teacher (target lm_head rows), draft vocabulary, the drafter, and what RUN_DIR records: the target
-    facts (with the layer ids) and the inputs."""
+    facts (with the layer ids) and the inputs. ``loaded``: online, the target already in memory (an
+    :class:`eyas.target.Target` of ``options.target``'s config) instead of loading it."""
     from eyas.data.vocab import VOCAB_FILE, load_vocab
     from eyas.target.facts import target_facts, target_input
     from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
@@ -276,7 +291,7 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
         from eyas.target import load_target
 
         verify_stage_dir(options.data, "prepare")
-        target = load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
+        target = loaded or load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
         layer_ids = validate_layer_ids(options.layer_ids or default_layer_ids(target.layout.num_layers), target.layout.num_layers)
         data_dir = Path(options.data)
         source = OnlineSource(target, data_dir, "train", layer_ids, options.token_budget, device, dtype)
@@ -312,7 +327,10 @@ def setup_training(options: TrainOptions, device: torch.device) -> dict:
     draft_ids = vocab.draft_ids.to(device)
     drafter_config = drafter_config_from_target(config, layer_ids, len(vocab.d2t), options.hidden_size)
     drafter = _new_drafter(drafter_config, vocab.d2t, head, embed, draft_ids, options.seed).to(device)
-    return {"drafter": drafter, "source": source, "holdout": holdout, "head": head.to(device, torch.float32),
+    # The teacher's full-vocabulary logits are the target's own: bf16 on a GPU (a float32 [V, Ht] copy would be 4.7 GB
+    # at Kimi-K2.5's widths and run its matmul at the float32 rate, a third of a training step), float32 on the CPU.
+    teacher_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"drafter": drafter, "source": source, "holdout": holdout, "head": head.to(device, teacher_dtype),
             "draft_ids": draft_ids, "target": {**facts, "layer_ids": list(layer_ids)},
             "inputs": [data_input(options), target_input(facts)]}
 
