@@ -63,6 +63,7 @@ class StoreManifest:
     created: str | None = None
     inputs: list[dict] = field(default_factory=list)
     outputs: list[dict] = field(default_factory=list)  # files besides the shards: the draft vocabulary
+    vllm_engine: dict | None = None  # engine vllm: every LLM(...) argument the worker used and the defaults it chose
 
     def identity(self) -> dict:
         """The fields that must match for a rerun to continue this store."""
