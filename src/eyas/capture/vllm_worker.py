@@ -139,6 +139,7 @@ def engine_kwargs(args: argparse.Namespace, vllm_ids: list[int], storage: Path, 
         **settings,
         model=args.model,
         max_model_len=max_model_len,
+        skip_tokenizer_init=True,  # requests are token ids and one sampled token is thrown away: no tokenizer needed
         # Chunked prefill would split a prompt over steps; a cached prefix would skip computing
         # (and so capturing) its states. Both must be off.
         enable_chunked_prefill=False,
@@ -309,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     write_json(args.out / ENGINE_FILE, {"llm_args": kwargs, "defaults": notes})
     llm = LLM(**kwargs)
     log(f"engine ready in {time.perf_counter() - started:.1f} s ({'CPU connector' if on_cpu else STOCK_CONNECTOR})")
-    sampling = SamplingParams(max_tokens=1, temperature=0.0)
+    sampling = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     captured, tokens_done, started = 0, 0, time.perf_counter()
     with open(args.out / "index.jsonl", "a", encoding="utf-8") as index:
         for start in range(0, len(pending), args.batch_size):
