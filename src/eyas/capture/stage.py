@@ -59,7 +59,11 @@ def capture(options: CaptureOptions) -> CaptureReport:
     started = time.perf_counter()
     if options.dtype not in DTYPES:
         raise EyasError(f"--dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
-    if options.engine != "vllm" and options.vllm_settings_given():
+    if options.engine == "vllm":
+        from eyas.capture.vllm_client import engine_request
+
+        engine_request(options)  # a --vllm-arg eyas must refuse is refused before anything is written
+    elif options.vllm_settings_given():
         raise EyasError(f"--{options.vllm_settings_given()[0].replace('_', '-')} is a vLLM engine setting: add "
                         "--engine vllm, or leave it out")
     out = Path(options.out)
