@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import zoo
-from eyas.store.reader import FeatureStore
+from eyas.store.compare import compare_stores, describe_differences
 
 LAYERS = 4
 LAYER_IDS = (1, 2, 3)
@@ -97,24 +97,6 @@ def _capture(root: Path, target: str, out: str, *extra: str, engine: str = "vllm
     return features
 
 
-def _differences(store: Path, reference: Path) -> dict[str, float]:
-    """max |Δ| / max |x| per layer id and for the final hidden, over every sample of every split."""
-    worst: dict[str, float] = {}
-    for split in ("train", "holdout"):
-        got, want = FeatureStore(store, split, dtype=torch.float32), FeatureStore(reference, split, dtype=torch.float32)
-        by_id = {want[i]["id"]: want[i] for i in range(len(want))}
-        assert sorted(by_id) == sorted(got[i]["id"] for i in range(len(got)))
-        for i in range(len(got)):
-            a = got[i]
-            b = by_id[a["id"]]
-            pairs = {f"layer {lid}": (a["aux"][:, k * WIDTH:(k + 1) * WIDTH], b["aux"][:, k * WIDTH:(k + 1) * WIDTH])
-                     for k, lid in enumerate(LAYER_IDS)}
-            pairs["final"] = (a["final"], b["final"])
-            for name, (x, y) in pairs.items():
-                worst[name] = max(worst.get(name, 0.0), ((x - y).abs().max() / y.abs().max()).item())
-    return worst
-
-
 def _engine(store: Path) -> dict:
     return json.loads((store / "manifest.json").read_text())["vllm_engine"]
 
@@ -128,9 +110,9 @@ def test_vllm_capture_equals_hf_capture(root, name):
     target = _target(root, name)
     reference = _capture(root, target, f"{name}-hf", engine="hf")
     store = _capture(root, target, f"{name}-vllm")
-    worst = _differences(store, reference)
-    print(f"{name}: vLLM vs HF, fp32, max |Δ|/max|x|: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
-    assert max(worst.values()) < EXACT, worst
+    worst = compare_stores(store, reference)
+    print(f"{name}: vLLM vs HF, fp32: {describe_differences(worst)}")
+    assert max(row["max_rel"] for row in worst.values()) < EXACT, worst
     assert _check(store, target).returncode == 0
     engine = _engine(store)
     assert engine["llm_args"]["dtype"] == "float32" and engine["llm_args"]["tensor_parallel_size"] == 1
@@ -146,8 +128,8 @@ def test_check_rejects_vllm_capture_with_the_cpu_rotary_op_on_mla(root, dtype):
     store = _capture(root, target, f"corrupt-{dtype}", "--compilation-config", ROTARY_ON, dtype=dtype)
     assert _engine(store)["llm_args"]["compilation_config"] == json.loads(ROTARY_ON)
     if dtype == "fp32":  # the corruption itself, measured without the check's error model
-        worst = _differences(store, _capture(root, target, "deepseek_v3-hf", engine="hf"))
-        print("deepseek_v3, rotary op on: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
-        assert max(worst.values()) > 1e-3, worst
+        worst = compare_stores(store, _capture(root, target, "deepseek_v3-hf", engine="hf"))
+        print(f"deepseek_v3, vLLM's CPU rotary op on, vs HF: {describe_differences(worst)}")
+        assert max(row["max_rel"] for row in worst.values()) > 1e-3, worst
     done = _check(store, target)
     assert done.returncode == 1, done.stdout[-2000:]
