@@ -81,18 +81,19 @@ def _target(root: Path, name: str) -> str:
     return str(directory)
 
 
-def _eyas(*args: str) -> subprocess.CompletedProcess:
+def _eyas(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     done = subprocess.run([sys.executable, "-m", "eyas", *args], capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     print(done.stderr[-3000:] if done.returncode else "", done.stdout[-2000:])
     return done
 
 
-def _capture(root: Path, target: str, out: str, *extra: str, engine: str = "vllm", dtype: str = "fp32") -> Path:
+def _capture(root: Path, target: str, out: str, *extra: str, engine: str = "vllm", dtype: str = "fp32",
+             env: dict | None = None) -> Path:
     features = root / out
     vllm = ("--vllm-python", _vllm_python()) if engine == "vllm" else ()
     done = _eyas("capture", "--target", target, "--data", str(root / "data"), "--out", str(features), "--dtype", dtype,
-                 "--layer-ids", ",".join(map(str, LAYER_IDS)), "--engine", engine, *vllm, *extra)
+                 "--layer-ids", ",".join(map(str, LAYER_IDS)), "--engine", engine, *vllm, *extra, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     return features
 
@@ -133,3 +134,16 @@ def test_check_rejects_vllm_capture_with_the_cpu_rotary_op_on_mla(root, dtype):
         assert max(row["max_rel"] for row in worst.values()) > 1e-3, worst
     done = _check(store, target)
     assert done.returncode == 1, done.stdout[-2000:]
+
+
+def test_tensor_parallel_2_stores_the_states_of_tensor_parallel_1(root):
+    # MLA + MoE, the mission's architecture: the attention heads and the experts split over two CPU ranks, one core
+    # each (vLLM's CPU build runs TP through its multiprocessing executor and gloo).
+    target = _target(root, "deepseek_v3")
+    single = _capture(root, target, "deepseek_v3-vllm")
+    split = _capture(root, target, "deepseek_v3-vllm-tp2", "--tensor-parallel-size", "2",
+                     env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    assert _engine(split)["llm_args"]["tensor_parallel_size"] == 2
+    worst = compare_stores(split, single)
+    print(f"deepseek_v3: vLLM TP 2 vs TP 1, fp32: {describe_differences(worst)}")
+    assert max(row["max_rel"] for row in worst.values()) < EXACT, worst
