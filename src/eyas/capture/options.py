@@ -19,7 +19,7 @@ def _key_value(text: str) -> bool:
     return bool(sep) and key.strip().isidentifier()
 
 
-JSON_OBJECT = Check(_json_object, "a JSON object, e.g. '{\"custom_ops\": [\"-rotary_embedding\"]}'")
+JSON_OBJECT = Check(_json_object, "a JSON object")
 KEY_VALUE = Check(_key_value, "KEY=VALUE, e.g. max_num_seqs=16 (VALUE read as JSON where it parses)")
 
 
@@ -67,8 +67,8 @@ class CaptureOptions(Options):
     compilation_config: str | None = option(None, "vLLM compilation config as JSON (engine vllm); a custom_ops entry "
                                             "naming rotary_embedding replaces eyas' CPU MLA rotary workaround "
                                             "(-rotary_embedding)", check=JSON_OBJECT)
-    vllm_args: list[str] = option(help="another LLM(...) argument for vLLM as KEY=VALUE, VALUE parsed as JSON where it "
-                                  "parses (engine vllm; repeatable)", flag="--vllm-arg", factory=list,
+    vllm_args: list[str] = option(help="another LLM(...) argument for vLLM (engine vllm; repeatable)", flag="--vllm-arg",
+                                  factory=list,
                                   check=each(KEY_VALUE))
     trust_remote_code: bool = remote_code()
     writer_threads: int = option(help="threads hashing and writing shards (default: half the cores, 2 to 4)",
