@@ -56,6 +56,7 @@ class StoreManifest:
     options: dict  # the capture's options
     shards: list[ShardRecord] = field(default_factory=list)
     complete: bool = False
+    vllm_engine: dict | None = None  # engine vllm: every LLM(...) argument the worker used and the defaults it chose
     format: str = STORE_FORMAT
     stage: str = "capture"
     eyas_version: str | None = None  # this field and the next ones: None in stores made before they existed
@@ -63,7 +64,6 @@ class StoreManifest:
     created: str | None = None
     inputs: list[dict] = field(default_factory=list)
     outputs: list[dict] = field(default_factory=list)  # files besides the shards: the draft vocabulary
-    vllm_engine: dict | None = None  # engine vllm: every LLM(...) argument the worker used and the defaults it chose
 
     def identity(self) -> dict:
         """The fields that must match for a rerun to continue this store."""
