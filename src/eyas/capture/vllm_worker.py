@@ -15,7 +15,8 @@ Output in ``--out``: per request ``<safe id>.safetensors`` with ``hidden_states`
 [T, len(layer_ids), H] in the order the ids were given and ``token_ids`` [T]; ``index.jsonl`` with
 one ``{"id", "file", "tokens"}`` line per finished request, appended and flushed as each one
 lands, so a killed worker resumes by skipping the ids already listed; ``meta.json`` records the
-model, ids and dtype, and a resume with different ones is refused.
+model, ids and engine settings, and a resume with different ones is refused; ``engine.json`` every
+``LLM(...)`` argument used and the defaults chosen (``vllm_settings.py``), one log line each.
 
 On a CPU-only host the stock connector cannot run (it stages copies in pinned memory on a
 CUDA stream), so there the worker loads a subclass whose only change is a synchronous copy,
