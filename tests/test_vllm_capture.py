@@ -247,11 +247,13 @@ def test_worker_file_names_are_safe_and_distinct():
 
 def test_worker_refuses_a_resume_with_other_settings(tmp_path):
     worker = _worker_module()
-    meta = {"model": "m", "layer_ids": [2, 4, 8], "dtype": "float32"}
+    meta = {"model": "m", "layer_ids": [2, 4, 8], "engine": {"dtype": "float32", "tensor_parallel_size": 1}}
     worker.check_meta(tmp_path, meta)
     worker.check_meta(tmp_path, dict(meta))  # same settings: resuming is fine
     with pytest.raises(SystemExit, match="captured with"):
         worker.check_meta(tmp_path, {**meta, "layer_ids": [1, 4, 8]})
+    with pytest.raises(SystemExit, match="captured with"):
+        worker.check_meta(tmp_path, {**meta, "engine": {"dtype": "bfloat16", "tensor_parallel_size": 1}})
 
 
 def test_vllm_python_resolution(tmp_path, monkeypatch):

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
-from eyas.options import Options, above, at_least, each, force_option, one_of, option, remote_code
+from eyas.options import Check, Options, above, at_least, each, force_option, one_of, option, remote_code
+
+
+def _json_object(text: str) -> bool:
+    return isinstance(json.loads(text), dict)
+
+
+def _key_value(text: str) -> bool:
+    key, sep, _ = text.partition("=")
+    return bool(sep) and key.strip().isidentifier()
+
+
+JSON_OBJECT = Check(_json_object, "a JSON object")
+KEY_VALUE = Check(_key_value, "KEY=VALUE, e.g. max_num_seqs=16 (VALUE read as JSON where it parses)")
 
 
 def _writer_threads() -> int:
@@ -38,9 +52,38 @@ class CaptureOptions(Options):
     engine: str = option("hf", "hf (in-process transformers) or vllm (vLLM's extract_hidden_states)",
                          check=one_of("hf", "vllm"))
     vllm_python: str | None = option(None, "python of the vLLM environment (engine vllm)")
+    # The vLLM engine's settings (engine vllm): named as vLLM's own LLM(...) arguments; every value the worker used,
+    # eyas' defaults included, is recorded in the store's manifest under "vllm_engine".
+    vllm_dtype: str | None = option(None, "dtype vLLM computes in (engine vllm; default: auto on CUDA, float32 on CPU, "
+                                    "bfloat16 for an MLA target on a CPU with AMX, whose MLA kernel takes bf16 only)",
+                                    check=one_of("auto", "float32", "bfloat16", "float16"))
+    tensor_parallel_size: int = option(1, "vLLM tensor-parallel size (engine vllm): GPUs (or CPU ranks) per replica",
+                                       check=at_least(1))
+    pipeline_parallel_size: int = option(1, "vLLM pipeline-parallel size (engine vllm)", check=at_least(1))
+    enable_expert_parallel: bool = option(False, "vLLM expert parallelism for MoE layers (engine vllm)",
+                                          flag="--enable-expert-parallel/--no-enable-expert-parallel")
+    attention_backend: str | None = option(None, "vLLM attention backend, e.g. FLASH_ATTN, FLASHMLA, CPU_ATTN, CPU_MLA "
+                                           "(engine vllm; default: vLLM's choice)")
+    compilation_config: str | None = option(None, "vLLM compilation config as JSON (engine vllm); a custom_ops entry "
+                                            "naming rotary_embedding replaces eyas' CPU MLA rotary workaround "
+                                            "(-rotary_embedding)", check=JSON_OBJECT)
+    vllm_args: list[str] = option(help="another LLM(...) argument for vLLM (engine vllm; repeatable)", flag="--vllm-arg",
+                                  factory=list,
+                                  check=each(KEY_VALUE))
     trust_remote_code: bool = remote_code()
     writer_threads: int = option(help="threads hashing and writing shards (default: half the cores, 2 to 4)",
                                  factory=_writer_threads, check=at_least(1))
+
+    def vllm_settings_given(self) -> list[str]:
+        """The vLLM engine settings set away from their defaults (they mean something with engine vllm only)."""
+        return [f.name for f in fields(self) if f.name in (*VLLM_ARGS.values(), "vllm_args")
+                and getattr(self, f.name) != (f.default if f.default is not MISSING else f.default_factory())]
+
+
+# The options above that are LLM(...) arguments: LLM(...) name → option name.
+VLLM_ARGS = {"dtype": "vllm_dtype", "tensor_parallel_size": "tensor_parallel_size",
+             "pipeline_parallel_size": "pipeline_parallel_size", "enable_expert_parallel": "enable_expert_parallel",
+             "attention_backend": "attention_backend", "compilation_config": "compilation_config"}
 
 
 @dataclass

@@ -61,6 +61,13 @@ def capture(options: CaptureOptions, loaded=None) -> CaptureReport:
     started = time.perf_counter()
     if options.dtype not in DTYPES:
         raise EyasError(f"--dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
+    if options.engine == "vllm":
+        from eyas.capture.vllm_client import engine_request
+
+        engine_request(options)  # a --vllm-arg eyas must refuse is refused before anything is written
+    elif options.vllm_settings_given():
+        raise EyasError(f"--{options.vllm_settings_given()[0].replace('_', '-')} is a vLLM engine setting: add "
+                        "--engine vllm, or leave it out")
     out = Path(options.out)
     claim_out(out, "capture", options.force, MARKERS)
     rank, world, device = init_distributed()
@@ -132,6 +139,11 @@ def capture(options: CaptureOptions, loaded=None) -> CaptureReport:
                 bar(pack.tokens)
             writers.submit(lambda p=out / shard_name(split, plan.index), k=packs: _write(p, k), recorder(split, plan, rows))
     report.capture_seconds = time.perf_counter() - loop_started
+    if options.engine == "vllm":
+        from eyas.capture.vllm_client import engine_used
+        from eyas.capture.vllm_states import WORKDIR
+
+        manifest.vllm_engine = engine_used(out / WORKDIR)
     _finish(out, data_dir, manifest, plans, world, rank)
     if options.engine == "vllm" and rank == 0:
         shutil.rmtree(out / ".vllm", ignore_errors=True)  # the store is complete: vLLM's raw files are no longer needed

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from eyas.capture.options import VLLM_ARGS
 from eyas.errors import EyasError
 from eyas.io import atomic_path
 from eyas.target.layer_ids import validate_layer_ids
@@ -40,6 +41,7 @@ from eyas.target.weights import load_final_norm
 WORKER = Path(__file__).with_name("vllm_worker.py")
 _LOG_TAIL = 40  # worker log lines quoted in an error
 _POLL_S = 0.2
+ENGINE_FILE = "engine.json"  # the worker's record of its LLM(...) arguments (vllm_worker.ENGINE_FILE)
 
 
 def resolve_vllm_python(explicit: str | None = None) -> str:
@@ -70,6 +72,31 @@ def check_vllm_python(python: str) -> None:
         )
     if done.returncode != 0:
         raise EyasError(f"the vLLM Python {python!r} failed to start: {done.stderr.strip()[-500:]}")
+
+
+# LLM(...) arguments the worker sets itself: the capture depends on them, so --vllm-arg may not change them.
+RESERVED_ARGS = ("model", "speculative_config", "kv_transfer_config", "enable_chunked_prefill", "enable_prefix_caching",
+                 "max_model_len", "skip_tokenizer_init")
+
+
+def engine_request(options) -> dict:
+    """The LLM(...) arguments the user asked for (capture options; None = the worker's default): the named options,
+    then each ``--vllm-arg KEY=VALUE`` with VALUE parsed as JSON where it parses."""
+    request = {key: getattr(options, name) for key, name in VLLM_ARGS.items()}
+    if request["compilation_config"] is not None:
+        request["compilation_config"] = json.loads(request["compilation_config"])
+    for item in options.vllm_args:
+        key, _, text = item.partition("=")
+        key = key.strip()
+        if key in RESERVED_ARGS:
+            raise EyasError(f"--vllm-arg {item!r}: eyas sets {key} itself for the capture; leave it out")
+        if key in VLLM_ARGS:
+            raise EyasError(f"--vllm-arg {item!r}: use --{VLLM_ARGS[key].replace('_', '-')} for {key}")
+        try:
+            request[key] = json.loads(text)
+        except json.JSONDecodeError:
+            request[key] = text
+    return request
 
 
 def worker_layer_ids(layer_ids: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
@@ -192,11 +219,12 @@ def capture_with_vllm(
     num_layers: int,
     vllm_python: str | None,
     workdir: Path,
-    dtype: str = "float32",
+    engine: dict | None = None,
 ) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
     """Yield ``(sample_id, aux [T, k·H], final [T, H])`` per sample, in order, captured by vLLM.
 
-    ``samples`` are ``(sample_id, input_ids)`` with unique ids. ``workdir`` keeps the requests,
+    ``samples`` are ``(sample_id, input_ids)`` with unique ids; ``engine``: the LLM(...) arguments asked for
+    (:func:`engine_request`; the worker fills in the rest). ``workdir`` keeps the requests,
     the worker's files and its index; a rerun with the same workdir skips what was captured.
     Raises EyasError (with the worker's log tail) if vLLM fails or returns other tokens.
     """
@@ -211,7 +239,7 @@ def capture_with_vllm(
     requests = write_requests(samples, workdir / "requests.jsonl")
     command = [
         python, str(WORKER), "--model", source, "--requests", str(workdir / "requests.jsonl"),
-        "--layer-ids", ",".join(map(str, tapped)), "--out", str(states_dir), "--dtype", dtype,
+        "--layer-ids", ",".join(map(str, tapped)), "--out", str(states_dir), "--engine-args", json.dumps(engine or {}),
     ]  # fmt: skip
     index = IndexReader(states_dir / "index.jsonl")
     worker = _Worker(command)
@@ -233,6 +261,13 @@ def capture_with_vllm(
             raise EyasError(f"the vLLM worker exited with status {code} after capturing every sample:\n{worker.log_tail()}")
     finally:
         worker.stop()  # also when the consumer stops early: no vLLM process outlives the generator
+
+
+def engine_used(workdir: Path) -> dict | None:
+    """Every LLM(...) argument the worker ran vLLM with and the defaults it chose (its ``engine.json``), or None
+    before it wrote one."""
+    path = Path(workdir) / "states" / ENGINE_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def _wait_for(sample_id: str, index: IndexReader, worker: _Worker) -> dict:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
-from eyas.capture.vllm_client import capture_with_vllm
+from eyas.capture.vllm_client import capture_with_vllm, engine_request
 from eyas.errors import EyasError
 from eyas.store.plan import ShardPlan
 from eyas.store.shards import pack_states
@@ -19,7 +19,7 @@ def vllm_states(options, source: str, layer_ids: tuple[int, ...], num_layers: in
     ordered = [samples[split][i] for split, plan in todo for i in plan.samples]
     stream: Iterator = capture_with_vllm(
         ((s.id, s.input_ids) for s in ordered), source, tuple(layer_ids), num_layers, options.vllm_python,
-        options.out / WORKDIR, dtype="auto" if torch.cuda.is_available() else "float32",
+        options.out / WORKDIR, engine_request(options),
     )
 
     def states(split: str, plan: ShardPlan):

@@ -15,7 +15,8 @@ Output in ``--out``: per request ``<safe id>.safetensors`` with ``hidden_states`
 [T, len(layer_ids), H] in the order the ids were given and ``token_ids`` [T]; ``index.jsonl`` with
 one ``{"id", "file", "tokens"}`` line per finished request, appended and flushed as each one
 lands, so a killed worker resumes by skipping the ids already listed; ``meta.json`` records the
-model, ids and dtype, and a resume with different ones is refused.
+model, ids and engine settings, and a resume with different ones is refused; ``engine.json`` every
+``LLM(...)`` argument used and the defaults chosen (``vllm_settings.py``), one log line each.
 
 On a CPU-only host the stock connector cannot run (it stages copies in pinned memory on a
 CUDA stream), so there the worker loads a subclass whose only change is a synchronous copy,
@@ -37,6 +38,7 @@ from pathlib import Path
 CPU_CONNECTOR = "EyasCpuHiddenStatesConnector"
 PLUGIN_MODULE = "eyas_vllm_worker"  # the name this file is imported under by vLLM's engine processes
 STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
+ENGINE_FILE = "engine.json"  # every LLM(...) argument this worker ran vLLM with, and the defaults it chose
 
 
 def safe_name(sample_id: str) -> str:
@@ -53,9 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--requests", required=True, type=Path, help='JSONL: {"id": str, "input_ids": [int, ...]}')
     parser.add_argument("--layer-ids", required=True, help="vLLM layer ids, e.g. 2,15,27,30 (N = pre-norm last layer)")
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--dtype", default="float32", help="model dtype for vLLM (float32, bfloat16, auto)")
+    parser.add_argument("--engine-args", default="{}", type=json.loads,
+                        help="JSON: the LLM(...) arguments asked for (null = the worker's default), e.g. "
+                        '{"dtype": "bfloat16", "tensor_parallel_size": 8}')
     parser.add_argument("--max-model-len", type=int, default=None, help="default: longest request + 8")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=64, help="requests per generate() call (resume granularity)")
     return parser.parse_args(argv)
 
@@ -107,18 +110,25 @@ def check_meta(out: Path, meta: dict) -> None:
     path = out / "meta.json"
     if path.exists():
         old = json.loads(path.read_text(encoding="utf-8"))
-        if any(old.get(k) != meta[k] for k in ("model", "layer_ids", "dtype")):
+        if any(old.get(k) != meta[k] for k in ("model", "layer_ids", "engine")):
             raise SystemExit(
                 f"vllm_worker: {out} holds states captured with {old}, not {meta}; use another --out or empty it"
             )
         return
+    write_json(path, meta)
+
+
+def write_json(path: Path, record: dict) -> None:
+    """Replace ``path`` with ``record`` as JSON, atomically."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
-def engine_kwargs(args: argparse.Namespace, vllm_ids: list[int], storage: Path, max_model_len: int, on_cpu: bool) -> dict:
-    """The ``LLM(...)`` arguments: extract_hidden_states + the hidden-states connector."""
+def engine_kwargs(args: argparse.Namespace, vllm_ids: list[int], storage: Path, max_model_len: int, on_cpu: bool,
+                  settings: dict) -> dict:
+    """The ``LLM(...)`` arguments: ``settings`` (:func:`choose_settings`), then extract_hidden_states + the
+    hidden-states connector, which the capture needs as they are."""
     transfer = {
         "kv_connector": STOCK_CONNECTOR,
         "kv_role": "kv_producer",
@@ -127,11 +137,10 @@ def engine_kwargs(args: argparse.Namespace, vllm_ids: list[int], storage: Path, 
     if on_cpu:
         transfer.update(kv_connector=CPU_CONNECTOR, kv_connector_module_path=PLUGIN_MODULE)
     return dict(
+        **settings,
         model=args.model,
-        dtype=args.dtype,
         max_model_len=max_model_len,
-        tensor_parallel_size=args.tensor_parallel_size,
-        enforce_eager=True,
+        skip_tokenizer_init=True,  # requests are token ids and one sampled token is thrown away: no tokenizer needed
         # Chunked prefill would split a prompt over steps; a cached prefix would skip computing
         # (and so capturing) its states. Both must be off.
         enable_chunked_prefill=False,
@@ -143,6 +152,17 @@ def engine_kwargs(args: argparse.Namespace, vllm_ids: list[int], storage: Path, 
         },
         kv_transfer_config=transfer,
     )
+
+
+def load_settings_rules():
+    """``vllm_settings.py`` beside this file, by path: this script runs without eyas installed, and its own folder is
+    kept off sys.path (its siblings must not shadow vLLM's modules)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eyas_vllm_settings", Path(__file__).with_name("vllm_settings.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def install_plugin(out: Path) -> Path:
@@ -260,7 +280,15 @@ def run(args: argparse.Namespace) -> int:
     layer_ids = parse_layer_ids(args.layer_ids)
     requests = read_requests(args.requests)
     args.out.mkdir(parents=True, exist_ok=True)
-    check_meta(args.out, {"model": args.model, "layer_ids": layer_ids, "dtype": args.dtype})
+    import torch
+
+    on_cpu = not torch.cuda.is_available()
+    rules = load_settings_rules()
+    facts = rules.target_facts(rules.read_config(args.model))
+    settings, notes = rules.choose_settings(args.engine_args, on_cpu, on_cpu and rules.amx_available(), facts)
+    for note in notes:
+        log(f"default {note}")
+    check_meta(args.out, {"model": args.model, "layer_ids": layer_ids, "engine": settings})
     done = finished_ids(args.out)
     pending = [(i, ids) for i, ids in requests if i not in done]
     log(f"{len(requests)} requests, {len(requests) - len(pending)} already captured, {len(pending)} to go")
@@ -272,10 +300,6 @@ def run(args: argparse.Namespace) -> int:
     order = [vllm_ids.index(i) for i in layer_ids]
     max_len = args.max_model_len or max(len(ids) for _, ids in pending) + 8
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # without it the CPU build reserves most of RAM
-
-    import torch
-
-    on_cpu = not torch.cuda.is_available()
     if on_cpu:
         install_plugin(args.out)
     storage = args.out.resolve() / ".vllm_raw"  # absolute: the engine processes resolve it too
@@ -283,9 +307,11 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from vllm import LLM, SamplingParams
 
-    llm = LLM(**engine_kwargs(args, vllm_ids, storage, max_len, on_cpu))
+    kwargs = engine_kwargs(args, vllm_ids, storage, max_len, on_cpu, settings)
+    write_json(args.out / ENGINE_FILE, {"llm_args": kwargs, "defaults": notes})
+    llm = LLM(**kwargs)
     log(f"engine ready in {time.perf_counter() - started:.1f} s ({'CPU connector' if on_cpu else STOCK_CONNECTOR})")
-    sampling = SamplingParams(max_tokens=1, temperature=0.0)
+    sampling = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     captured, tokens_done, started = 0, 0, time.perf_counter()
     with open(args.out / "index.jsonl", "a", encoding="utf-8") as index:
         for start in range(0, len(pending), args.batch_size):

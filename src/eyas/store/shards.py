@@ -56,6 +56,7 @@ class StoreManifest:
     options: dict  # the capture's options
     shards: list[ShardRecord] = field(default_factory=list)
     complete: bool = False
+    vllm_engine: dict | None = None  # engine vllm: every LLM(...) argument the worker used and the defaults it chose
     format: str = STORE_FORMAT
     stage: str = "capture"
     eyas_version: str | None = None  # this field and the next ones: None in stores made before they existed
