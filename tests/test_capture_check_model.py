@@ -193,3 +193,20 @@ def test_a_store_without_its_compute_dtype_is_judged_by_the_loose_bound_and_says
     print_check(console, report)
     text = console.export_text()
     assert "capture not recorded" in text and "cannot resolve errors below 25%" in text
+
+
+def test_the_re_capture_runs_in_the_dtype_check_dtype_names(deepseek, tmp_path):
+    """On a GPU the target loads in bfloat16 by default, whose bound cannot see ~1 %: --check-dtype float32 re-captures
+    in float32 (the tight bound when the capture ran in float32 too); the dtype is checked before anything loads."""
+    target, data = deepseek
+    store = capture_into(target, data, tmp_path / "store", "bf16")
+    report = check_store(store, samples=2, compute_dtype="bfloat16")
+    assert report.compute == {"capture": "float32", "re-capture": "bfloat16"} and report.bound == COMPUTE_NOISE["bfloat16"]
+    assert report.ok  # a correct capture passes the looser bound too
+    report = check_store(store, samples=2, compute_dtype="float32")
+    assert report.compute["re-capture"] == "float32" and report.bound == BOUND and report.ok
+    result = CliRunner().invoke(app, ["capture", "--check", str(store), "--check-samples", "2", "--check-dtype", "bfloat16"])
+    assert result.exit_code == 0 and "re-capture bfloat16" in result.output, result.output
+    result = CliRunner().invoke(app, ["capture", "--check", str(store), "--check-dtype", "float64"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and "--check-dtype float64" in lines[0], result.output

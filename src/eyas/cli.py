@@ -79,7 +79,7 @@ def _capture(options: CaptureOptions, store: StoreCheckOptions) -> None:
         from eyas.store.check import check_store, print_check
 
         print_check(console, check_store(store.check, target=options.target, samples=store.check_samples,
-                                         trust_remote_code=options.trust_remote_code))
+                                         trust_remote_code=options.trust_remote_code, compute_dtype=store.check_dtype))
         return
     if not (options.target and options.data and options.out):
         raise EyasError("eyas capture needs --target, --data and --out (or --check FEATURES_DIR)")

@@ -93,3 +93,6 @@ class StoreCheckOptions(Options):
     check: Path | None = option(None, "verify FEATURES_DIR (checksums, counts, re-capture a few samples)")
     check_samples: int = option(4, "samples --check re-captures with the live target (0: checksums and counts only)",
                                 check=at_least(0))
+    check_dtype: str = option("auto", "compute dtype of --check's re-capture: auto (the target's default, bfloat16 on a "
+                              "GPU) or float32, whose tighter bound resolves ~1 % errors when the capture ran in float32 too",
+                              check=one_of("auto", "float32", "bfloat16", "float16"))

@@ -43,8 +43,10 @@ class CheckReport:
             fit.worst_rel <= self.bound for fit in self.tensors.values())
 
 
-def check_store(directory: Path, target: str | None = None, samples: int = 4, trust_remote_code: bool = False) -> CheckReport:
-    """Verify checksums and counts; re-capture ``samples`` random samples with the live target."""
+def check_store(directory: Path, target: str | None = None, samples: int = 4, trust_remote_code: bool = False,
+                compute_dtype: str = "auto") -> CheckReport:
+    """Verify checksums and counts; re-capture ``samples`` random samples with the live target, in ``compute_dtype``
+    (a torch dtype's name, or ``auto``: the target's default)."""
     directory = Path(directory)
     manifest = StoreManifest.read(directory)
     report = CheckReport(shards=len(manifest.shards), dtype=manifest.dtype)
@@ -64,7 +66,8 @@ def check_store(directory: Path, target: str | None = None, samples: int = 4, tr
         if sum(store.shards[k].tokens for k in intact) != sum(store.shard_lengths(intact)):  # offsets only: no state read
             report.count_problems.append(f"{split}: token counts differ from the manifest")
     if samples and not report.bad_checksums:
-        _recapture(directory, manifest, target or manifest.target["spec"], samples, report, trust_remote_code)
+        _recapture(directory, manifest, target or manifest.target["spec"], samples, report, trust_remote_code,
+                   compute_dtype)
     return report
 
 
@@ -83,10 +86,11 @@ def _captured_data_dir(manifest: StoreManifest, report: CheckReport) -> Path | N
     return data_dir
 
 
-def _recapture(directory, manifest, target_spec, samples, report, trust_remote_code) -> None:
+def _recapture(directory, manifest, target_spec, samples, report, trust_remote_code, compute_dtype) -> None:
     from eyas.target import capture_hidden_states, load_target
 
-    target = load_target(target_spec, trust_remote_code=trust_remote_code)
+    dtype = None if compute_dtype == "auto" else getattr(torch, compute_dtype)
+    target = load_target(target_spec, dtype=dtype, trust_remote_code=trust_remote_code)
     live = {"num_layers": target.layout.num_layers, "hidden_size": target.layout.hidden_size,
             "vocab_size": target.layout.vocab_size}
     mismatch = target_mismatch(manifest.target, live, identity=False)  # the re-capture itself compares the rest
