@@ -103,7 +103,10 @@ def _recapture(directory, manifest, target_spec, samples, report, trust_remote_c
     rng = random.Random(0)
     width = manifest.target["hidden_size"]
     for i in rng.sample(range(len(store)), min(samples, len(store))):
-        item, scales = store[i], store.scales(i)
+        item = store.stored(i)  # read once: the fp8 scales are the stored rounding's, the decoded states are compared
+        scales = {name: item.pop(f"{name}_scale") for name in ("aux", "final")} if manifest.dtype == "fp8" else None
+        for name in ("aux", "final"):
+            item[name] = store.decode(item[name], scales and scales[name])
         live = capture_hidden_states(target.model, target.layout, item["input_ids"].long(), layer_ids=manifest.layer_ids)
         report.recaptured.append(item["id"])
         pairs = {f"layer {lid}": (item["aux"][:, k * width:(k + 1) * width], live.aux[0, :, k * width:(k + 1) * width],

@@ -81,15 +81,6 @@ class FeatureStore:
             return flat.reshape(shape)
         return values if self.dtype is None else values.to(self.dtype)
 
-    def scales(self, i: int) -> dict[str, torch.Tensor] | None:
-        """Sample ``i``'s fp8 scales (``aux`` [T, k], ``final`` [T, 1], float32) as stored; None for other dtypes."""
-        if self.manifest.dtype != "fp8":
-            return None
-        k, j = self._index[i]
-        handle = self._handle(k)
-        a, b = int(self._offsets[k][j]), int(self._offsets[k][j + 1])
-        return {name: handle.get_slice(f"{name}_scale")[a:b] for name in ("aux", "final")}
-
     def vocab_path(self) -> Path:
         """The draft vocabulary the store was captured with: the store's own copy, or — in a store made before stores
         carried one — DATA_DIR's, while DATA_DIR is still where the capture recorded it and unchanged."""
