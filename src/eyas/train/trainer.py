@@ -73,7 +73,7 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
     recorded = read_run_record(out) if latest is not None else None
     target = target_identity(options)
     changes = resume_changes(recorded, options, at, out, target) if recorded is not None else {}
-    setup = setup_training(options, device, loaded)
+    setup = setup_training(options, device, loaded, target)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
     if lead:
         check_space(out, run_bytes(out, drafter, options.keep), options.force, "training (checkpoints, final weights)",
@@ -272,10 +272,11 @@ def training_autocast(device: torch.device):
     return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
 
 
-def setup_training(options: TrainOptions, device: torch.device, loaded=None) -> dict:
+def setup_training(options: TrainOptions, device: torch.device, loaded=None, identity: dict | None = None) -> dict:
     """Data sources, teacher (target lm_head rows), draft vocabulary, the drafter, and what RUN_DIR records: the target
     facts (with the layer ids) and the inputs. ``loaded``: online, the target already in memory (an
-    :class:`eyas.target.Target` of ``options.target``'s config) instead of loading it."""
+    :class:`eyas.target.Target` of ``options.target``'s config) instead of loading it. ``identity``: the target's
+    :func:`eyas.train.resume.target_identity`, when the caller has it (its weights fingerprint is not read again)."""
     from eyas.data.vocab import VOCAB_FILE, load_vocab
     from eyas.target.facts import target_facts, target_input
     from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
@@ -308,7 +309,8 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None) -> 
         from eyas.target.weights import head_and_embedding, weights_sha256
 
         store = FeatureStore(options.features, "train")
-        weights = weights_sha256(options.target, options.trust_remote_code) if options.verify else None
+        weights = identity["weights_sha256"] if identity is not None else \
+            weights_sha256(options.target, options.trust_remote_code) if options.verify else None
         verify_for_training(options.features, store.manifest, {**facts, "weights_sha256": weights}, options.verify)
         layer_ids = tuple(store.manifest.layer_ids)
         vocab_path = store.vocab_path()
