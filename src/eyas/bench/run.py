@@ -122,17 +122,7 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
     try:
         with terminate_as_interrupt():
             for prompt in prompts:
-                ids = torch.tensor([prompt.input_ids])
-                decoders = [lambda ids=ids: generate(target, ids, max_new_tokens, sampling=sampling, stop_ids=stop_ids)]
-                decoders += [lambda ids=ids, mode=mode: generate(target, ids, max_new_tokens, drafter, mode, sampling, stop_ids)
-                             for mode in modes]
-                times: list[list[float]] = [[] for _ in decoders]
-                for _ in range(repeats):  # the decoders take turns, so a slow spell of the machine hits each of them
-                    outputs = []
-                    for decoder, seconds in zip(decoders, times, strict=True):
-                        output, took = timed(device, decoder)
-                        outputs.append(output)
-                        seconds.append(took)
+                outputs, times = _decode_in_turns(target, drafter, prompt, modes, sampling, max_new_tokens, stop_ids, repeats)
                 # a prompt counts once every decoder has decoded it: one interrupted midway is left out whole
                 results = datasets.setdefault(prompt.dataset, [ModeResult("plain"), *(ModeResult(m.label()) for m in modes)])
                 plain = outputs[0]  # the last turn's outputs: greedy ones are the same every turn, sampled ones share the seed
@@ -155,6 +145,22 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
     settings = {"modes": [m.label() for m in modes], "temperature": sampling.temperature, "top_p": sampling.top_p,
                 "max_new_tokens": max_new_tokens, "device": str(device), "repeats": repeats}
     return BenchResult(datasets=datasets, settings=settings, partial=partial, stopped_by=stopped_by)
+
+
+def _decode_in_turns(target: TargetRunner, drafter: DraftRunner, prompt: Prompt, modes: list[Speculation],
+                     sampling: Sampling, max_new_tokens: int, stop_ids: set[int], repeats: int):
+    """One prompt decoded plainly and in every mode, ``repeats`` turns: (the last turn's outputs, each decoder's times)."""
+    ids = torch.tensor([prompt.input_ids])
+    decoders = [lambda: generate(target, ids, max_new_tokens, sampling=sampling, stop_ids=stop_ids)]
+    decoders += [lambda mode=mode: generate(target, ids, max_new_tokens, drafter, mode, sampling, stop_ids) for mode in modes]
+    times: list[list[float]] = [[] for _ in decoders]
+    for _ in range(repeats):  # the decoders take turns, so a slow spell of the machine hits each of them
+        outputs = []
+        for decoder, seconds in zip(decoders, times, strict=True):
+            output, took = timed(target.device, decoder)
+            outputs.append(output)
+            seconds.append(took)
+    return outputs, times
 
 
 def _add(result: ModeResult, generation: Generation, seconds: float) -> None:
