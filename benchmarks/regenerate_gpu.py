@@ -13,7 +13,10 @@ graph recordings (eyas), later passes run warm; compile/capture time ≈ first p
 its recordings directly). Reported per generator: answers/s of the first and last pass, ms per decoding step
 (hf-generate: the pass's time over the batches' decoded lengths, prefills included; eyas: its steps alone, and
 counted the same way), truncated answers; at T = 0 also how many greedy answers the two generators agree on and their
-mean common prefix in tokens (bf16 rounding differs between the loops, so a near-tie may flip). Writes
+mean common prefix in tokens (bf16 rounding differs between the loops, so a near-tie may flip). ``--reference`` compares
+each generator's answers with the first assistant turn of each ``--data`` conversation instead (e.g. a regeneration
+journal made earlier by the other generator: ``--data journal.jsonl --reference``), so one generator can be checked
+without running the other. Writes
 ``regenerate_gpu.json`` and ``run.json`` into the run folder. The ShareGPT package (120 MB) may be missing on a
 device machine: choose the prompts here and carry the file (a few MB):
 
@@ -44,8 +47,10 @@ from eyas.target.loading import load_target, load_tokenizer, resolve_target
 from run_record import run_folder, write_run_json
 
 
-def first_prompts(source: str, tokenizer, count: int, max_tokens: int) -> list[list[dict[str, str]]]:
-    """The first ``count`` conversations of ``source`` up to their first user turn, at most ``max_tokens`` rendered."""
+def first_prompts(source: str, tokenizer, count: int, max_tokens: int,
+                  answers: list[str] | None = None) -> list[list[dict[str, str]]]:
+    """The first ``count`` conversations of ``source`` up to their first user turn, at most ``max_tokens`` rendered;
+    each one's first assistant turn ('' when it has none) appended to ``answers`` when given."""
     template = chat_template_for(tokenizer, None)
     prompts = []
     for record in read_source(source):
@@ -58,6 +63,8 @@ def first_prompts(source: str, tokenizer, count: int, max_tokens: int) -> list[l
         messages = [{"role": t.role, "content": t.content} for t in turns[: first_user + 1]]
         if len(chat_ids(tokenizer, messages, template)) <= max_tokens:
             prompts.append(messages)
+            if answers is not None:
+                answers.append(next((t.content for t in turns[first_user + 1:] if t.role == "assistant"), ""))
         if len(prompts) == count:
             break
     return prompts
@@ -135,14 +142,15 @@ def _decoder_delta(before: dict, after: dict) -> dict:
 
 
 def agreement(tokenizer, ours: list, theirs: list) -> dict:
-    """How many answers two generators share exactly, and their mean common prefix in tokens."""
+    """How many answers (Answer or text) two sources share exactly, and their mean common prefix in tokens."""
     same, prefixes, compared = 0, [], 0
     for a, b in zip(ours, theirs, strict=True):
         if isinstance(a, Exception) or isinstance(b, Exception):
             continue
+        a, b = getattr(a, "text", a), getattr(b, "text", b)
         compared += 1
         same += a == b
-        x, y = tokenizer.encode(a.text, add_special_tokens=False), tokenizer.encode(b.text, add_special_tokens=False)
+        x, y = tokenizer.encode(a, add_special_tokens=False), tokenizer.encode(b, add_special_tokens=False)
         prefixes.append(next((k for k, (s, t) in enumerate(zip(x, y, strict=False)) if s != t), min(len(x), len(y))))
     return {"compared": compared, "identical": same,
             "mean_common_prefix_tokens": round(sum(prefixes) / max(1, len(prefixes)), 1)}
@@ -162,6 +170,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--generators", default=",".join(GENERATORS))
     parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--reference", action="store_true",
+                        help="compare every generator's answers with the first assistant turn of each --data conversation")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -184,7 +194,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     target = load_target(args.target, device=device)
     model, tokenizer = target.model, target.tokenizer
-    prompts = first_prompts(args.data, tokenizer, args.prompts, args.max_prompt_tokens)
+    references: list[str] = []
+    prompts = first_prompts(args.data, tokenizer, args.prompts, args.max_prompt_tokens, references)
     report = {"target": args.target, "data": args.data, "device": machine, "torch": torch.__version__, "prompts": len(prompts),
               "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
               "passes": args.passes, "setup_s": round(time.perf_counter() - started, 1), "generators": {}}
@@ -194,6 +205,8 @@ def main() -> None:
         report["generators"][name], answers[name] = measure(name, model, tokenizer, prompts, args, device)
     if args.temperature == 0 and len(answers) == 2:
         report["greedy_agreement"] = agreement(tokenizer, *answers.values())
+    if args.reference:
+        report["reference_agreement"] = {name: agreement(tokenizer, ours, references) for name, ours in answers.items()}
     if len(names) == 2:
         eyas, hf = (report["generators"][n]["warm_answers_per_s"] for n in ("eyas", "hf-generate"))
         report["warm_speedup"] = round(eyas / hf, 2) if hf else None
@@ -206,7 +219,7 @@ def main() -> None:
         print(f"{name:<12} {result['first_pass_answers_per_s']:>17} {result['warm_answers_per_s']:>11} "
               f"{result.get('compile_or_capture_s', '-'):>18} {last.get('ms_per_step', '-'):>8} "
               f"{last.get('ms_per_step_with_prefill', '-'):>21}")
-    for key in ("greedy_agreement", "warm_speedup"):
+    for key in ("greedy_agreement", "reference_agreement", "warm_speedup"):
         if key in report:
             print(f"{key}: {report[key]}")
     print(f"written: {out}/regenerate_gpu.json, run.json")

