@@ -163,3 +163,34 @@ def test_out_of_memory_frees_the_caches_and_halves_the_batch_with_the_same_answe
     generator._decoder = Tight(model, generator.eos_ids, generator.pad_id, max_batch=4)
     assert generator.generate(messages) == expected
     assert sorted(generator._decoder._lanes) == [2]  # the 4-row cache was freed, not kept beside the halves
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3_text"])
+def test_one_token_steps_attend_through_the_grouped_attention_and_agree_with_transformers_sdpa(arch, monkeypatch):
+    """Grouped-query zoo models: every decoding step's attention runs grouped (no key copies); each call's output
+    equals transformers' own SDPA attention on the same inputs (padding mask and sliding layers included)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from eyas.engine import grouped_attention as grouped
+
+    model = ARCHITECTURES[arch][0]()
+    assert model.config.num_attention_heads > model.config.num_key_value_heads  # the case the grouping is for
+    calls, worst = [], [0.0]
+    original = grouped.grouped_sdpa
+
+    def checked(module, query, key, value, attention_mask, **kwargs):
+        out, _ = original(module, query, key, value, attention_mask, **kwargs)
+        if query.shape[2] == 1:
+            calls.append(query.shape)
+            reference, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+            worst[0] = max(worst[0], (out - reference).abs().max().item())
+        return out, None
+
+    monkeypatch.setattr(grouped, "grouped_sdpa", checked)
+    stop, rows = stop_of(model), prompts()
+    decoder = BatchedDecoder(model, [stop], pad_id=0, block=8, max_batch=8)
+    decoder.graphs = FakeGraphs()
+    got = decoder.decode(rows, 12)
+    assert calls and worst[0] < 1e-5, (len(calls), worst)
+    assert got == hf_greedy(model, rows, 12, stop)
+    assert model.config._attn_implementation == "sdpa"  # switched back after decoding

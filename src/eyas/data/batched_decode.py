@@ -36,6 +36,7 @@ from torch import nn
 
 from eyas.engine.attention import layer_masks, sliding_rule
 from eyas.engine.graphs import StepGraphs
+from eyas.engine.grouped_attention import grouped_attention
 from eyas.engine.kv import SlotCache
 from eyas.target.compat import cache_keyword
 from eyas.target.layout import text_config
@@ -153,26 +154,27 @@ class BatchedDecoder:
         lane.temperature.fill_(max(temperature, 1e-6))
         sampled = temperature > 0
 
-        started = self._clock()
-        token = self._prefill(lane, rows, width, sampled)
-        self.stats.prefill_s += self._clock() - started
-        out = torch.empty(batch, max_new_tokens, dtype=torch.long, device=self.device)
-        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        done[count:] = True  # filler rows never keep a batch running
-        started, steps = self._clock(), 0
-        for k in range(max_new_tokens):
-            out[:, k] = token
-            done |= torch.isin(token, self.stops)
-            produced = k + 1
-            if produced == max_new_tokens or (produced % self.sync_every == 0 and bool(done.all())):
-                break
-            lane.ids.copy_(token[:, None])
-            token = self._step(lane, width + k, sampled)
-            lane.positions += 1
-            lane.slot += 1
-            lane.step += 1
-            steps += 1
-        self.stats.decode_s += self._clock() - started
+        with grouped_attention(self.model):  # one-token steps read each key head once, not once per query head
+            started = self._clock()
+            token = self._prefill(lane, rows, width, sampled)
+            self.stats.prefill_s += self._clock() - started
+            out = torch.empty(batch, max_new_tokens, dtype=torch.long, device=self.device)
+            done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+            done[count:] = True  # filler rows never keep a batch running
+            started, steps = self._clock(), 0
+            for k in range(max_new_tokens):
+                out[:, k] = token
+                done |= torch.isin(token, self.stops)
+                produced = k + 1
+                if produced == max_new_tokens or (produced % self.sync_every == 0 and bool(done.all())):
+                    break
+                lane.ids.copy_(token[:, None])
+                token = self._step(lane, width + k, sampled)
+                lane.positions += 1
+                lane.slot += 1
+                lane.step += 1
+                steps += 1
+            self.stats.decode_s += self._clock() - started
         self.stats.steps += steps
         self.stats.batches += 1
         self.stats.rows += count
