@@ -2,31 +2,37 @@
 
 import gzip
 import hashlib
-from pathlib import Path
+import shutil
+
+import pytest
 
 from eyas.data.regenerate import parse_journal
-
-RELEASES = Path(__file__).resolve().parent.parent / "releases"
-MANIFEST = RELEASES / "MANIFEST.sha256"
-
-
-def _manifest() -> dict[str, str]:
-    entries = {}
-    for number, line in enumerate(MANIFEST.read_text().splitlines(), start=1):
-        digest, _, name = line.partition("  ")
-        assert len(digest) == 64 and name, f"{MANIFEST} line {number} is not '<sha256>  <path>': {line!r}"
-        assert name not in entries, f"{MANIFEST} lists {name} twice"
-        entries[name] = digest
-    return entries
+from eyas.errors import EyasError
+from eyas.releases import MANIFEST, ROOT as RELEASES, read_manifest, release_problems
 
 
 def test_manifest_lists_every_file_with_its_sha256():
-    files = {p.relative_to(RELEASES).as_posix() for p in RELEASES.rglob("*") if p.is_file() and p != MANIFEST}
-    entries = _manifest()
-    assert set(entries) == files, f"not in the manifest: {sorted(files - set(entries))}; " \
-                                  f"listed but missing: {sorted(set(entries) - files)}"
-    for name, digest in entries.items():
-        assert hashlib.sha256((RELEASES / name).read_bytes()).hexdigest() == digest, f"{name}: sha256 differs"
+    assert release_problems() == []
+
+
+def test_a_changed_an_unlisted_and_a_missing_file_are_each_named(tmp_path):
+    root = tmp_path / "releases"
+    (root / "drafter").mkdir(parents=True)
+    files = {"drafter/config.json": b"{}", "drafter/model.safetensors": b"weights", "README.md": b"# r"}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    (root / MANIFEST).write_text("".join(f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in files.items()))
+    assert release_problems(root=root) == [] and release_problems(root / "drafter", root) == []
+    (root / "drafter" / "model.safetensors").write_bytes(b"weightz")
+    (root / "drafter" / "extra.txt").write_text("x")
+    (root / "README.md").unlink()
+    assert release_problems(root / "drafter", root) == [
+        "drafter/extra.txt: not in MANIFEST.sha256", "drafter/model.safetensors: sha256 differs from MANIFEST.sha256"]
+    assert "README.md: listed in MANIFEST.sha256 but missing" in release_problems(root=root)
+    (root / MANIFEST).write_text("nonsense\n")
+    with pytest.raises(EyasError, match="line 1"):
+        read_manifest(root)
+    shutil.rmtree(root)
 
 
 def test_released_journals_are_complete_regeneration_journals():

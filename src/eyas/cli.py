@@ -176,11 +176,11 @@ def run(options: RunOptions) -> None:
 @command(app, DemoOptions)
 def demo(options: DemoOptions) -> None:
     """The whole pipeline on the demo target, offline, on a CPU: prepare, capture, train online, export,
-    check, bench; ends with a table of τ and speedup and where every artifact is. About 15 minutes on two
-    CPU cores (BENCHMARKS.md has the measured time)."""
+    check, bench; benches the released drafter beside this run's; ends with a table of τ and speedup of both and
+    where every artifact is. About 15 minutes on two CPU cores (BENCHMARKS.md has the measured time)."""
     from eyas.demo import run_demo
 
-    run_demo(console, options.out, options.quick)
+    run_demo(console, options.out, options.quick, options.released)
 
 
 def main() -> None:

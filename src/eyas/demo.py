@@ -6,21 +6,24 @@ through the same pipeline as ``eyas run``: prepare ShareGPT conversations into D
 (``<out>/data``), capture the holdout split into FEATURES_DIR (``<out>/features``), train a drafter
 online into RUN_DIR (``<out>/run``), export it to DRAFT_DIR (``<out>/draft``), benchmark it in eyas'
 engine on MT-bench, HumanEval and the ShareGPT holdout into REPORT_DIR (``<out>/bench``); check the
-drafter and end with a table: τ, speedup, where everything is. Sized for about 15 minutes
-on two cores — a drafter trained for minutes on a CPU is weak, and the table says so in numbers;
-``--quick`` runs every stage at smoke-test size.
+drafter; bench the released drafter of the demo target (``releases/``, trained on an H200) the same way beside it;
+end with one table of both: τ, speedup, where everything is. Sized for about 15 minutes on two cores — a
+drafter trained for minutes on a CPU is weak, and the table says so in numbers; ``--quick`` runs every stage at
+smoke-test size.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 
 from eyas.config import RunConfig, build_config
 from eyas.pipeline import run_pipeline
-from eyas.stages import exit_code
+from eyas.releases import ROOT, release_problems, released_drafter
+from eyas.stages import STAGES, exit_code
 
 DEMO_CHAT = [
     {"role": "system", "content": "You are a concise assistant."},
@@ -50,8 +53,9 @@ def demo_config(out: Path, quick: bool = False) -> RunConfig:
     return build_config({**DEMO, "workdir": str(out)}, "eyas demo" + (" --quick" if quick else ""), QUICK if quick else ())
 
 
-def run_demo(console: Console, out: Path, quick: bool = False) -> None:
-    """The capture check on the demo target, every stage through the pipeline, the drafter check, the closing table."""
+def run_demo(console: Console, out: Path, quick: bool = False, released: Path | None = None) -> None:
+    """The capture check on the demo target, every stage through the pipeline, the drafter check, the released
+    drafter (``released``, else the checkout's) benched beside this run's, the closing table."""
     begin = time.perf_counter()
     config = demo_config(out, quick)
     _show_target(console)
@@ -60,7 +64,28 @@ def run_demo(console: Console, out: Path, quick: bool = False) -> None:
         return
     console.rule(f"eyas check {config.folder('export')}")
     _check_draft(console, config.folder("export"))
-    _closing_table(console, config, results.get("train"), results["bench"], time.perf_counter() - begin)
+    benches = {"this run": results["bench"]}
+    draft = released if released is not None else released_drafter()
+    if draft is None:
+        console.print("no released drafter in this checkout (releases/): the table shows this run's drafter only",
+                      soft_wrap=True)
+    else:
+        benches["released"] = _bench_released(console, config, Path(draft))
+        if exit_code(benches["released"]):
+            return
+    _closing_table(console, config, results.get("train"), benches, draft, time.perf_counter() - begin)
+
+
+def _bench_released(console: Console, config: RunConfig, draft: Path):
+    """Bench ``draft`` exactly as the demo benched its own drafter (same prompts, modes, tokens, machine)."""
+    inside = ROOT.resolve() in draft.resolve().parents
+    problems = release_problems(draft) if inside else []
+    if problems:
+        console.print(f"[yellow]{draft} is not as released[/] ({'; '.join(problems)}): benched as it is", soft_wrap=True)
+    options = replace(config.options("bench"), draft=draft, out=config.workdir / "bench-released")
+    console.rule(f"eyas bench --draft {draft} → {options.out}")
+    _check_draft(console, draft)
+    return STAGES["bench"].run(options, console)
 
 
 def _show_target(console: Console) -> None:
@@ -111,24 +136,47 @@ def _check_draft(console: Console, draft: Path) -> None:
                   soft_wrap=True)
 
 
-def _closing_table(console: Console, config: RunConfig, trained, bench, seconds: float) -> None:
+def _closing_table(console: Console, config: RunConfig, trained, benches: dict, released: Path | None,
+                   seconds: float) -> None:
     from rich.table import Table
 
     from eyas.bench.report import rows, speedup_text
 
     table = Table(title=f"eyas demo — done in {seconds / 60:.1f} min")
-    for column in ("dataset", "mode", "τ", "tok/s spec / plain", "speedup (prompts' range)", "greedy == plain"):
+    for column in ("drafter", "dataset", "mode", "τ", "tok/s spec / plain", "speedup (prompts' range)", "greedy == plain"):
         table.add_column(column)
-    for r in rows(bench):
-        table.add_row(r["dataset"], r["mode"], f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f} / {r['plain_tokens_per_second']:.1f}",
-                      speedup_text(r, short=True), f"{r['matches_plain']}/{r['prompts']}")
+    for drafter, bench in benches.items():
+        for r in rows(bench):
+            table.add_row(drafter, r["dataset"], r["mode"], f"{r['tau']:.2f}",
+                          f"{r['tokens_per_second']:.1f} / {r['plain_tokens_per_second']:.1f}", speedup_text(r, short=True),
+                          f"{r['matches_plain']}/{r['prompts']}")
     console.print(table)
     if trained is not None and trained.initial_eval and trained.final_eval:  # none without a holdout
-        console.print(f"training: holdout step-0 acceptance {trained.initial_eval['acceptance_cumulative'][0]:.3f} → "
-                      f"{trained.final_eval['acceptance_cumulative'][0]:.3f} in {trained.seconds:.0f} s", soft_wrap=True)
+        console.print(f"this run's drafter: trained {trained.seconds:.0f} s on this machine; holdout step-0 acceptance "
+                      f"{trained.initial_eval['acceptance_cumulative'][0]:.3f} → "
+                      f"{trained.final_eval['acceptance_cumulative'][0]:.3f}", soft_wrap=True)
+    if released is not None:
+        console.print(f"released drafter: {released} (its README.md says how it was trained)", soft_wrap=True,
+                      highlight=False)
     for what, stage in (("DATA_DIR", "prepare"), ("FEATURES_DIR", "capture"), ("RUN_DIR", "train"), ("DRAFT_DIR", "export"),
                         ("REPORT_DIR", "bench")):
         console.print(f"  {what:<13} {config.folder(stage)}", soft_wrap=True, highlight=False)
-    console.print("A drafter trained for minutes on a CPU accepts little, and on a CPU the drafter's own cost weighs "
-                  "more than on a GPU: this run shows the pipeline end to end, not the speedup a real training run gives "
-                  "(see BENCHMARKS.md for the H200 numbers).", soft_wrap=True)
+    if "released" in benches:
+        console.print(f"  {'REPORT_DIR':<13} {config.workdir / 'bench-released'} (the released drafter)", soft_wrap=True,
+                      highlight=False)
+    console.print(_verdict(benches), soft_wrap=True)
+
+
+def _verdict(benches: dict) -> str:
+    """What the table shows, in words: whether speculation paid off on this machine, and what limits it on a CPU."""
+    from eyas.bench.report import rows
+
+    text = ("A drafter trained for minutes on a CPU accepts little: this run's rows show the pipeline end to end, not "
+            "the speedup a real training run gives.")
+    if "released" in benches and (speedups := [r["speedup"] for r in rows(benches["released"])]):
+        best = max(speedups)
+        text += (f" The released drafter's speedup on this machine is {min(speedups):.2f}–{best:.2f}×"
+                 + (": speculation pays off here." if best > 1 else ": speculation does not pay off here."))
+    return text + (" On a CPU a target forward of k + 1 tokens costs more than one of a single token (compute, not "
+                   "memory, is the limit), and the drafter's own steps weigh more than on a GPU; BENCHMARKS.md has the "
+                   "H200 figures.")

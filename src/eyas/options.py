@@ -201,3 +201,5 @@ class DemoOptions(Options):
 
     out: Path = option(Path("eyas-demo"), "where the demo writes its stage directories")
     quick: bool = option(False, "every stage at smoke-test size (a few minutes on two cores): proves the pipeline runs, not the drafter")
+    released: Path | None = option(None, "a drafter for the demo target to bench beside the demo's own (default: the "
+                                   "checkout's releases/ drafter, when there is one)")
