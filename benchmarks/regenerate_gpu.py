@@ -17,7 +17,8 @@ mean common prefix in tokens (bf16 rounding differs between the loops, so a near
 each generator's answers with the first assistant turn of each ``--data`` conversation instead (e.g. a regeneration
 journal made earlier by the other generator: ``--data journal.jsonl --reference``), so one generator can be checked
 without running the other. Writes
-``regenerate_gpu.json`` and ``run.json`` into the run folder. The ShareGPT package (120 MB) may be missing on a
+``regenerate_gpu.json`` and ``run.json`` into the run folder; ``--profile N`` adds ``profile_<generator>.txt``: torch's
+profiler over one more batch of N new tokens per generator, kernels sorted by device time. The ShareGPT package (120 MB) may be missing on a
 device machine: choose the prompts here and carry the file (a few MB):
 
     python benchmarks/regenerate_gpu.py --target demo --prompts 2048 --save-prompts .stage/regen-prompts.jsonl
@@ -122,6 +123,24 @@ def measure(name: str, model, tokenizer, prompts, args, device: torch.device) ->
     return result, answers
 
 
+def profile(name: str, model, tokenizer, prompts, args, path: Path) -> None:
+    """One warm batch of ``args.profile`` new tokens under torch's profiler: the kernels by device time, to ``path``."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    options = RegenerationOptions(generator=name, batch_size=args.batch_size, max_new_tokens=args.profile,
+                                  temperature=args.temperature, seed=args.seed)
+    generator = HFGenerator(model, tokenizer, options)
+    generator.generate(prompts)  # warm: graphs recorded, shapes compiled
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profiler(activities=activities) as recorded:
+        generator.generate(prompts)
+    sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    table = recorded.key_averages().table(sort_by=sort, row_limit=30)
+    path.write_text(table + "\n")
+    print(f"{name}: profile of {len(prompts)} prompts × {args.profile} new tokens → {path}\n{table}", flush=True)
+
+
 def _decoder_figures(generator: HFGenerator) -> dict:
     stats = getattr(generator._decoder, "stats", None)
     return dict(vars(stats)) if stats is not None else {}
@@ -170,6 +189,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--generators", default=",".join(GENERATORS))
     parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after measuring, profile one batch of N new tokens per generator into profile_<name>.txt")
     parser.add_argument("--reference", action="store_true",
                         help="compare every generator's answers with the first assistant turn of each --data conversation")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -203,6 +224,9 @@ def main() -> None:
     answers = {}
     for name in names:
         report["generators"][name], answers[name] = measure(name, model, tokenizer, prompts, args, device)
+    if args.profile:
+        for name in names:
+            profile(name, model, tokenizer, prompts[: args.batch_size], args, out / f"profile_{name}.txt")
     if args.temperature == 0 and len(answers) == 2:
         report["greedy_agreement"] = agreement(tokenizer, *answers.values())
     if args.reference:

@@ -147,7 +147,14 @@ def test_an_unknown_generator_is_refused_in_one_line_before_any_work(monkeypatch
     assert not ran and sorted(p.name for p in tmp_path.iterdir()) == ["run.toml"]  # no --out, no workdir
 
 
-def test_out_of_memory_frees_the_caches_and_halves_the_batch_with_the_same_answers(tiny_target):  # noqa: F811
+# cuDNN's attention, given no workspace when memory ran out (H200, 2026-12-03), fails with a plain RuntimeError
+CUDNN_NO_WORKSPACE = RuntimeError("Expected mha_graph.execute(handle, variant_pack, workspace_ptr.get()).is_good() "
+                                  "to be true, but got false.")
+
+
+@pytest.mark.parametrize("failure", [torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)"), CUDNN_NO_WORKSPACE],
+                         ids=["torch-oom", "cudnn-no-workspace"])
+def test_out_of_memory_frees_the_caches_and_halves_the_batch_with_the_same_answers(tiny_target, failure):  # noqa: F811
     model, tokenizer = tiny_target
     messages = [[{"role": "user", "content": "word " * n}] for n in (2, 9, 4, 6)]
     options = RegenerationOptions(max_new_tokens=4, batch_size=4, generator="eyas")
@@ -156,13 +163,42 @@ def test_out_of_memory_frees_the_caches_and_halves_the_batch_with_the_same_answe
     class Tight(BatchedDecoder):
         def _prefill(self, lane, *args):
             if lane.batch > 2:  # the cache of 4 rows was allocated, then the prefill ran out of memory
-                raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+                raise failure
             return super()._prefill(lane, *args)
 
     generator = HFGenerator(model, tokenizer, options)
     generator._decoder = Tight(model, generator.eos_ids, generator.pad_id, max_batch=4)
     assert generator.generate(messages) == expected
     assert sorted(generator._decoder._lanes) == [2]  # the 4-row cache was freed, not kept beside the halves
+
+
+def test_an_error_that_is_not_out_of_memory_is_raised_not_halved(tiny_target):  # noqa: F811
+    model, tokenizer = tiny_target
+    generator = HFGenerator(model, tokenizer, RegenerationOptions(max_new_tokens=4, batch_size=4, generator="eyas"))
+
+    class Broken(BatchedDecoder):
+        def _prefill(self, lane, *args):
+            raise RuntimeError("shape mismatch (a real bug)")
+
+    generator._decoder = Broken(model, generator.eos_ids, generator.pad_id, max_batch=4)
+    with pytest.raises(RuntimeError, match="a real bug"):
+        generator.generate([[{"role": "user", "content": "word"}]] * 4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "deepseek_v3"])
+def test_a_prefill_split_into_forwards_of_a_few_rows_decodes_as_the_whole_batch(arch):
+    """prefill_tokens small enough for 1 or 2 rows per forward (prompts of 11 tokens): the same greedy rows as one
+    prefill forward of all 8, and as transformers' generate — MLA's unequal key/value widths included."""
+    model = ARCHITECTURES[arch][0]()
+    stop, rows = stop_of(model), prompts()
+    whole = BatchedDecoder(model, [stop], pad_id=0, block=8, max_batch=8)
+    whole.graphs = FakeGraphs()
+    expected = whole.decode(rows, 16)
+    for tokens in (11, 25):
+        split = BatchedDecoder(model, [stop], pad_id=0, block=8, max_batch=8, prefill_tokens=tokens)
+        split.graphs = FakeGraphs()
+        assert split.decode(rows, 16) == expected
+    assert expected == hf_greedy(model, rows, 16, stop)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3_text"])

@@ -6,7 +6,9 @@ in 60 µs). Here a batch runs as:
 
 1. prefill: the prompts left-padded to one width, an attention mask hiding the padding and position ids as
    transformers computes them for left padding (a row's first real token is position 0), written into a
-   :class:`eyas.engine.kv.SlotCache` at slots [0, width); one eager forward, last position's logits only;
+   :class:`eyas.engine.kv.SlotCache` at slots [0, width); eager forwards of a few rows each (at most
+   ``prefill_tokens`` padded tokens: a whole batch of long prompts at once needs tens of GB for its masks and
+   activations), last position's logits only;
 2. decoding: every row writes its next token at the same slot (width + step), so every step of a batch has
    the same shapes: ids [B, 1], positions [B, 1], the slot, and a mask over the first ``visible`` slots (the
    cache's length rounded up to a block, so early steps do not read the whole cache). On CUDA each step is one
@@ -113,11 +115,12 @@ class BatchedDecoder:
     """Greedy or sampled decoding of batches of token-id prompts over ``model`` (any HF decoder with sdpa or
     eager attention); ``graphs``: replay decoding steps from CUDA graphs on CUDA; ``block``: the granularity of
     cache capacities and of the visible window; ``sync_every``: steps between the host's looks at whether every
-    row has stopped."""
+    row has stopped; ``prefill_tokens``: padded prompt tokens per prefill forward."""
 
     def __init__(self, model: nn.Module, stop_ids: Sequence[int], pad_id: int, graphs: bool = True, block: int = 256,
-                 sync_every: int = 8, max_batch: int = 1):
+                 sync_every: int = 8, max_batch: int = 1, prefill_tokens: int = 65536):
         self.model, self.pad_id, self.block, self.sync_every = model, pad_id, block, max(1, sync_every)
+        self.prefill_tokens = prefill_tokens  # padded tokens per prefill forward
         self.max_batch = max_batch  # batches are filled to a power of two, but never beyond this (or their own size)
         self.device = model.get_input_embeddings().weight.device
         self.dtype = model.get_input_embeddings().weight.dtype
@@ -219,16 +222,25 @@ class BatchedDecoder:
         index = lane.index[:width]
         causal = index[None, :] <= index[:, None]
         # a padding query sees itself, so that no row of the mask is empty (an all-masked row would give NaNs)
-        seen = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)[None]
+        itself = torch.eye(width, dtype=torch.bool, device=self.device)[None]
         near = None if self.window is None else (index[:, None] - index[None, :]) < self.window
-        lane.cache.slots, lane.cache.visible = index, width
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
-        logits = self._forward(lane, ids.to(self.device), positions, layer_masks(seen, near, self.window_everywhere,
-                                                                                self.dtype), **extra)
+        lane.step.zero_()
+        first = torch.empty(lane.batch, dtype=torch.long, device=self.device)
+        per_forward = max(1, self.prefill_tokens // width)
+        for start in range(0, lane.batch, per_forward):  # a few rows at a time, each into its rows of the lane's cache
+            end = min(start + per_forward, lane.batch)
+            part = SlotCache(self.layers, width)
+            part.slots, part.visible = index, width
+            seen = (causal[None] & real[start:end, None, :]) | itself
+            logits = self._forward(part, ids[start:end].to(self.device), positions[start:end],
+                                   layer_masks(seen, near, self.window_everywhere, self.dtype), **extra)
+            lane.cache.put_rows(part, start, lane.batch)
+            del part
+            first[start:end] = pick(logits[:, -1], lane.temperature if sampled else None, lane.seeds[start:end], lane.step)
         lane.positions.copy_(positions[:, -1:] + 1)
         lane.slot.fill_(width)
-        lane.step.zero_()
-        return pick(logits[:, -1], lane.temperature if sampled else None, lane.seeds, lane.step)
+        return first
 
     def _step(self, lane: _Lane, slot: int, sampled: bool) -> torch.Tensor:
         """One decoding step of the whole batch at cache slot ``slot`` (the host's copy of ``lane.slot``)."""
@@ -240,7 +252,7 @@ class BatchedDecoder:
             index = lane.index[:visible]
             seen = (lane.valid[:, :visible] & (index <= lane.slot))[:, None, :]  # [B, 1, visible]
             near = None if self.window is None else (lane.slot - index < self.window)[None, None, :]
-            logits = self._forward(lane, lane.ids, lane.positions, layer_masks(seen, near, self.window_everywhere,
+            logits = self._forward(lane.cache, lane.ids, lane.positions, layer_masks(seen, near, self.window_everywhere,
                                                                                self.dtype))
             return pick(logits[:, -1], lane.temperature if sampled else None, lane.seeds, lane.step)
 
@@ -252,9 +264,9 @@ class BatchedDecoder:
             return token
         return self.graphs.run(key, step)
 
-    def _forward(self, lane: _Lane, ids: torch.Tensor, positions: torch.Tensor, mask, **extra) -> torch.Tensor:
+    def _forward(self, cache: SlotCache, ids: torch.Tensor, positions: torch.Tensor, mask, **extra) -> torch.Tensor:
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                         **{self._cache_kwarg: lane.cache}, **extra)
+                         **{self._cache_kwarg: cache}, **extra)
         return out.logits
 
     def _clock(self) -> float:

@@ -54,6 +54,14 @@ class GenerationError(EyasError):
 # --------------------------------------------------------------------------- in-process (HF)
 
 
+def _out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` means the GPU ran out of memory: torch's OutOfMemoryError, or cuDNN's attention failing to run
+    its graph (seen on an H200 when the allocator could not give it a workspace: a plain RuntimeError)."""
+    import torch
+
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "mha_graph.execute" in str(err)
+
+
 class HFGenerator:
     """Answers with a transformers model: chat template, left-padded batches, greedy or sampled, decoded by eyas'
     batched loop (:mod:`eyas.data.batched_decode`) or by transformers' ``generate`` (``options.generator``)."""
@@ -109,7 +117,9 @@ class HFGenerator:
 
         try:
             return self._run_eyas(rows) if self.loop == "eyas" else self._run_generate(rows)
-        except torch.cuda.OutOfMemoryError as err:
+        except RuntimeError as err:
+            if not _out_of_memory(err):
+                raise
             if self._decoder is not None:
                 self._decoder.release()  # its caches are sized for the batch that did not fit
             torch.cuda.empty_cache()
