@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The released drafter's GPU work (the release issue) on one H200, spread over device calls of ≤ 10 minutes.
+#
+# On the device machine, from the repository root, with eyas importable (PYTHONPATH=src:~/site) and the demo target
+# staged (../shared/DEVICE.md). WORK (default ~/rel) holds everything; LOGS=$WORK/logs.
+#
+#   benchmarks/release_h200.sh data LABEL JOURNAL_GZ [JOURNAL_GZ ...] [-- PREPARE_FLAGS]
+#       unpack the journals and `eyas prepare` them (as data, nothing generated) into $WORK/data/LABEL;
+#       PREPARE_FLAGS e.g. --limit 4000 for a data-scaling point.
+#   benchmarks/release_h200.sh start NAME LABEL [TRAIN_FLAGS]
+#       `eyas train --online` on $WORK/data/LABEL into $WORK/runs/NAME, in a session of its own (setsid), so that it
+#       runs on after the call returns, for as long as the machine is held (each call must follow the last within
+#       the machine's 30 s); several NAMEs may train side by side on the one GPU (a sweep).
+#   benchmarks/release_h200.sh wait SECONDS NAME [NAME ...]
+#       print each run's progress every minute until all have ended or SECONDS have passed.
+#   benchmarks/release_h200.sh finish NAME LABEL [PROMPTS] [MAX_NEW_TOKENS]
+#       export NAME in bf16 into $WORK/drafts/NAME, `eyas check` it, bench it on MT-bench, HumanEval and LABEL's
+#       holdout (chain:5, tree:60,7,10, T = 0; default 10 prompts × 512 tokens), and pack what comes back into
+#       $OUT/NAME: draft.tar.gz in ≤ 15 MiB parts (here: cat them, check draft.sha256) and records.tar.gz (metrics.jsonl,
+#       the bench report, the train/export/bench logs, draft.sha256).
+#   benchmarks/release_h200.sh evals NAME [NAME ...]
+#       each run's last holdout evaluation (simulated τ, first answers' first 128 tokens, acceptance) as one table.
+#
+# A killed run is not lost: `start` the same NAME again and it resumes from its last checkpoint (--checkpoint-every).
+set -uo pipefail
+TARGET=${TARGET:-~/stage/smollm2.gguf}
+WORK=${WORK:-~/rel}
+LOGS=$WORK/logs
+mkdir -p "$WORK/data" "$WORK/runs" "$WORK/drafts" "$WORK/bench" "$LOGS"
+
+running() {  # NAME: the run's process is alive
+  [ -f "$WORK/runs/$1.pid" ] && kill -0 "$(cat "$WORK/runs/$1.pid")" 2>/dev/null
+}
+
+progress() {  # NAME: the last progress line of its log
+  tr '\r' '\n' < "$LOGS/train-$1.log" 2>/dev/null | grep -E '^train:|^trained|^holdout|rror' | tail -n 1 | cut -c1-200
+}
+
+case "${1:-}" in
+  data)
+    label=$2; shift 2
+    journals=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do journals+=("$1"); shift; done
+    [ "${1:-}" = "--" ] && shift
+    sources=()
+    for journal in "${journals[@]}"; do
+      plain="$WORK/data/$(basename "$(dirname "$journal")").jsonl"
+      [ -s "$plain" ] || gunzip -c "$journal" > "$plain"
+      sources+=(--data "$plain")
+    done
+    python3 -m eyas prepare --target "$TARGET" "${sources[@]}" --out "$WORK/data/$label" "$@" > "$LOGS/prepare-$label.log" 2>&1
+    echo "data $label: rc=$?"; tr '\r' '\n' < "$LOGS/prepare-$label.log" | grep -E 'samples|tokens /|records read' ;;
+  start)
+    name=$2 label=$3; shift 3
+    if running "$name"; then echo "$name is already running"; exit 0; fi
+    setsid nohup python3 -m eyas train --target "$TARGET" --data "$WORK/data/$label" --online --out "$WORK/runs/$name" \
+      --resume "$@" >> "$LOGS/train-$name.log" 2>&1 < /dev/null &
+    echo $! > "$WORK/runs/$name.pid"
+    echo "started $name (pid $!) on $label: eyas train $*" ;;
+  wait)
+    seconds=$2; shift 2
+    end=$(( $(date +%s) + seconds ))
+    while [ "$(date +%s)" -lt "$end" ]; do
+      alive=0
+      for name in "$@"; do running "$name" && alive=1; done
+      [ $alive = 0 ] && break
+      sleep $(( end - $(date +%s) < 60 ? (end - $(date +%s) > 0 ? end - $(date +%s) : 1) : 60 ))
+      for name in "$@"; do echo "$(date +%T) $name: $(progress "$name")"; done
+    done
+    for name in "$@"; do running "$name" && echo "$name: still running" || echo "$name: ended; $(progress "$name")"; done ;;
+  finish)
+    name=$2 label=$3 prompts=${4:-10} tokens=${5:-512}
+    out="$OUT/$name"; mkdir -p "$out"
+    python3 -m eyas export "$WORK/runs/$name" --out "$WORK/drafts/$name" --dtype bf16 --force > "$LOGS/export-$name.log" 2>&1 \
+      && python3 -m eyas check "$WORK/drafts/$name" >> "$LOGS/export-$name.log" 2>&1 || { echo "export/check failed"; tail -5 "$LOGS/export-$name.log"; exit 1; }
+    python3 -m eyas bench --target "$TARGET" --draft "$WORK/drafts/$name" --data "$WORK/data/$label" --out "$WORK/bench/$name" \
+      --dataset mt-bench,humaneval,sharegpt-holdout --mode chain:5,tree:60,7,10 --prompts "$prompts" \
+      --max-new-tokens "$tokens" --temperature 0 --force > "$LOGS/bench-$name.log" 2>&1
+    echo "bench rc=$?"
+    records="$WORK/records/$name"; mkdir -p "$records"  # the small files travel as one (8 files come back per call)
+    cp "$WORK/bench/$name/report.json" "$WORK/bench/$name/report.md" "$WORK/runs/$name/metrics.jsonl" "$records/" 2>/dev/null
+    for log in train export bench; do tr '\r' '\n' < "$LOGS/$log-$name.log" | grep -v 'it/s\]' > "$records/$log.log"; done
+    tar -C "$WORK/drafts" -cf - "$name" | gzip -1 > "$out/draft.tar.gz"
+    (cd "$out" && sha256sum draft.tar.gz) | tee "$records/draft.sha256"
+    tar -C "$WORK/records" -czf "$out/records.tar.gz" "$name"
+    split -b 15M "$out/draft.tar.gz" "$out/draft.tar.gz.part." && rm "$out/draft.tar.gz"
+    sed -n '/^| dataset/,/^$/p' "$WORK/bench/$name/report.md" ;;
+  evals)
+    shift
+    python3 - "$WORK/runs" "$@" <<'PY'
+import json, pathlib, sys
+runs = pathlib.Path(sys.argv[1])
+print(f"{'run':<24} {'step':>6} {'tokens':>12} {'tau':>6} {'tau_start':>9}  acceptance (cumulative)")
+for name in sys.argv[2:]:
+    lines = [json.loads(l) for l in (runs / name / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    seen = [n for n, line in enumerate(lines) if "eval" in line]
+    if not seen:
+        print(f"{name:<24} no evaluation yet"); continue
+    last = lines[seen[-1]]; e = last["eval"]
+    tokens = sum(line.get("tokens", 0) for line in lines[: seen[-1] + 1])  # each line counts its own step's tokens
+    print(f"{name:<24} {last.get('step', '?'):>6} {tokens:>12,} {e.get('tau', 0):>6.3f} "
+          f"{e.get('tau_answer_start', 0):>9.3f}  " + " ".join(f"{a:.3f}" for a in e.get("acceptance_cumulative", [])[:5]))
+PY
+    ;;
+  *)
+    sed -n '2,26p' "$0"; exit 2 ;;
+esac
