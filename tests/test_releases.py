@@ -8,7 +8,8 @@ import pytest
 
 from eyas.data.regenerate import parse_journal
 from eyas.errors import EyasError
-from eyas.releases import MANIFEST, ROOT as RELEASES, read_manifest, release_problems
+from eyas.releases import MANIFEST, read_manifest, release_problems
+from eyas.releases import ROOT as RELEASES
 
 
 def test_manifest_lists_every_file_with_its_sha256():
