@@ -11,7 +11,8 @@ HF forward):
   key head as the rows of one tile, programs split across the cache); elsewhere HF's own (keys
   repeated per query head, then SDPA);
 - the EAGLE-3 aux states are written straight into the runner's buffer where :class:`eyas.target.taps.Taps`
-  puts them (no hooks), and keys and values into the runner's slot cache.
+  puts them (no hooks), and keys and values into the runner's slot cache;
+- on a CPU the lm_head reads its weight prepacked for oneDNN (:mod:`eyas.engine.cpu_head`).
 The prefill and any other architecture use the HF forward. ``tests/test_engine_fused_llama.py`` pins the
 fused forward to the HF one (logits and aux states, every supported architecture).
 """
@@ -24,6 +25,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from eyas.engine.attention import attend, kernels_available
+from eyas.engine.cpu_head import packed_head
 from eyas.engine.kv import SlotCache
 from eyas.target.layout import TargetLayout
 from eyas.target.taps import Taps
@@ -76,6 +78,8 @@ class FusedLlamaForward:
         self.layout, self.cache, self.taps = layout, cache, taps
         self.rotary = _rotary(model, layout)
         self.kernels = kernels_available(layout.embed.weight.device)  # eyas.engine.attention's, on a recent GPU
+        head = layout.lm_head
+        self.head = packed_head(head.weight) if getattr(head, "bias", None) is None else None  # on a CPU
         self.layers = []
         for layer in layout.layers:
             attention, mlp = layer.self_attn, layer.mlp
@@ -95,7 +99,8 @@ class FusedLlamaForward:
             gate, up = F.linear(layer.post_attention_layernorm.forward(hidden), gate_up_weight).chunk(2, dim=-1)
             hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
         self._tap(aux, len(self.layers), hidden)  # layer id N: the final norm's input
-        return self.layout.lm_head(self.layout.norm.forward(hidden))
+        normed = self.layout.norm.forward(hidden)
+        return self.head(normed) if self.head is not None else self.layout.lm_head(normed)
 
     def _tap(self, aux: torch.Tensor, layer: int, hidden: torch.Tensor) -> None:
         """Copy the residual stream entering decoder ``layer`` into its aux slot, when it is tapped."""

@@ -1,0 +1,39 @@
+"""A vocabulary projection (lm_head) on the CPU with its weight prepacked once for oneDNN.
+
+On a CPU the lm_head is the largest matrix a decoding step reads (the demo target's: 49,152 × 576, 113 MB in
+fp32), and BLAS is slow for the few rows a speculative round projects: on a 2-core EPYC, F.linear took 7–10 ms for
+one row and 20–35 ms for four, where oneDNN's matmul over the prepacked weight took 4.3 and 2.6 ms
+(benchmarks/LOG.md, "What limits speculation on a 2-core CPU"). Only the heads take this path: the decoder layers
+keep the model's own arithmetic, so the hidden states the engine taps stay those capture records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+Head = Callable[[torch.Tensor], torch.Tensor]
+
+
+def packed_head(weight: torch.Tensor, rows: int = 8) -> Head | None:
+    """``x [..., in] → x @ weight.T`` through oneDNN with ``weight`` [out, in] prepacked (for about ``rows`` rows at a
+    time), or None where that does not apply: not a float32 CPU tensor, a torch without oneDNN's linear ops, or
+    results that differ from F.linear's beyond float32 rounding (checked once, here)."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return None
+    weight = weight.detach()
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+        def head(x: torch.Tensor) -> torch.Tensor:
+            flat = x.reshape(-1, x.shape[-1]).contiguous()
+            return torch.ops.mkldnn._linear_pointwise(flat, packed, None, "none", [], "").view(*x.shape[:-1], -1)
+
+        probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
+        if not torch.allclose(head(probe), F.linear(probe, weight), rtol=1e-4, atol=1e-4):
+            return None
+    except (AttributeError, RuntimeError):  # an older or differently built torch
+        return None
+    return head
