@@ -158,8 +158,8 @@ def main() -> None:
     prompts = first_prompts(args.dataset, target.tokenizer, args.data, args.prompts)
     work = Path(tempfile.mkdtemp(prefix="eyas-vllm-acceptance-"))
     layers = int(text.num_hidden_layers)
-    runs = {f"drafter k={k}": (args.draft, k) for k in ks}
-    first = f"drafter k={ks[0]}"
+    runs = {f"drafter-k{k}": (args.draft, k) for k in ks}
+    first = f"drafter-k{ks[0]}"
     shifted_ids: dict[str, list[int]] = {}
     identity_ids = None
     if args.controls:
@@ -180,7 +180,7 @@ def main() -> None:
     theirs = vllm_side(args.vllm_python, resolve_target(args.target), work / "prompts.json", work, args.max_new_tokens, runs)
 
     plain = theirs["plain"]["tokens"]
-    drafters = [f"drafter k={k}" for k in ks]
+    drafters = [f"drafter-k{k}" for k in ks]
 
     def gain(side, name):  # accepted tokens per round
         return side[name]["tau"] - 1
