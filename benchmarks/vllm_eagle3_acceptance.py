@@ -2,7 +2,7 @@
 
     python benchmarks/vllm_eagle3_acceptance.py --draft DRAFT_DIR [--data DATA_DIR] [--dataset sharegpt-holdout]
         [--target demo] [--prompts 12] [--max-new-tokens 64] [--k 3[,5]] [--tolerance 0.10] [--no-controls]
-        [--vllm-python /work/vllm-venv/bin/python]
+        [--vllm-python .vllm-venv/bin/python]
 
 On the same prompts (``--dataset``: the first user turn of DATA_DIR's holdout conversations, never trained on,
 or MT-bench's / HumanEval's questions through the target's chat template), greedy, fp32 in both engines, for each k:
@@ -144,7 +144,8 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=0.10, help="largest relative τ difference that passes")
     parser.add_argument("--controls", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure the deliberately wrong exports (at the first k)")
-    parser.add_argument("--vllm-python", default=os.environ.get("EYAS_VLLM_PYTHON", "/work/vllm-venv/bin/python"))
+    parser.add_argument("--vllm-python", default=os.environ.get(  # benchmarks/vllm_env.sh setup's venv by default
+        "EYAS_VLLM_PYTHON", str(Path(__file__).resolve().parent.parent / ".vllm-venv" / "bin" / "python")))
     parser.add_argument("--out", type=Path, default=RESULTS / f"vllm_eagle3_acceptance_cpu_{datetime.date.today()}.json")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]

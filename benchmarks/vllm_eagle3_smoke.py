@@ -1,6 +1,6 @@
 """Smoke test: vLLM's CPU build loads an eyas-exported drafter and runs EAGLE-3 speculative decoding.
 
-    VLLM_CPU_KVCACHE_SPACE=2 /work/vllm-venv/bin/python benchmarks/vllm_eagle3_smoke.py TARGET_DIR DRAFT_DIR
+    VLLM_CPU_KVCACHE_SPACE=2 .vllm-venv/bin/python benchmarks/vllm_eagle3_smoke.py TARGET_DIR DRAFT_DIR
 
 Prints the greedy outputs and vLLM's spec_decode counters (mean acceptance length = 1 + accepted / drafts).
 The full comparison against eyas' own measurement belongs to the export issue's benchmark.

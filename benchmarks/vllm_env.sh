@@ -12,7 +12,7 @@
 #   benchmarks/vllm_env.sh status              # report whether that server is running
 #
 # Environment overrides:
-#   VLLM_VENV            venv location                      (default /work/vllm-venv)
+#   VLLM_VENV            venv location                      (default .vllm-venv in the checkout, ignored by git)
 #   VLLM_RUN_DIR         where the log and pidfile are kept (default $VLLM_VENV/run)
 #   VLLM_READY_TIMEOUT   seconds to wait for /v1/models     (default 600)
 #   VLLM_SERVED_NAME     model name the API reports          (default: basename of MODEL_DIR)
@@ -24,7 +24,7 @@
 # ~40 tokens/s aggregate with 4 concurrent requests.
 set -euo pipefail
 
-VLLM_VENV="${VLLM_VENV:-/work/vllm-venv}"
+VLLM_VENV="${VLLM_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.vllm-venv}"
 VLLM_RUN_DIR="${VLLM_RUN_DIR:-$VLLM_VENV/run}"
 PIDFILE="$VLLM_RUN_DIR/server.pid"
 LOGFILE="$VLLM_RUN_DIR/server.log"
