@@ -4,9 +4,11 @@
 # On the device machine, from the repository root, with eyas importable (PYTHONPATH=src:~/site) and the demo target
 # staged (../shared/DEVICE.md). WORK (default ~/rel) holds everything; LOGS=$WORK/logs.
 #
-#   benchmarks/release_h200.sh data LABEL JOURNAL_GZ [JOURNAL_GZ ...] [-- PREPARE_FLAGS]
-#       unpack the journals and `eyas prepare` them (as data, nothing generated) into $WORK/data/LABEL;
-#       PREPARE_FLAGS e.g. --limit 4000 for a data-scaling point.
+#   benchmarks/release_h200.sh data LABEL COUNT JOURNAL_GZ [JOURNAL_GZ ...] [-- PREPARE_FLAGS]
+#       `eyas prepare` (as data, nothing generated) into $WORK/data/LABEL: COUNT conversations (all: every one) that
+#       every journal holds, chosen by a hash of their id (a fair sample, not the journal's shallow-first order), each
+#       with every journal's answers (T = 0 and T = 0.8 journals: two answers per prompt, one conversation id, so
+#       both fall on the same side of the holdout split).
 #   benchmarks/release_h200.sh start NAME LABEL [TRAIN_FLAGS]
 #       `eyas train --online` on $WORK/data/LABEL into $WORK/runs/NAME, in a session of its own (setsid), so that it
 #       runs on after the call returns, for as long as the machine is held (each call must follow the last within
@@ -38,17 +40,23 @@ progress() {  # NAME: the last progress line of its log
 
 case "${1:-}" in
   data)
-    label=$2; shift 2
+    label=$2 count=$3; shift 3
     journals=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do journals+=("$1"); shift; done
     [ "${1:-}" = "--" ] && shift
-    sources=()
-    for journal in "${journals[@]}"; do
-      plain="$WORK/data/$(basename "$(dirname "$journal")").jsonl"
-      [ -s "$plain" ] || gunzip -c "$journal" > "$plain"
-      sources+=(--data "$plain")
-    done
-    python3 -m eyas prepare --target "$TARGET" "${sources[@]}" --out "$WORK/data/$label" "$@" > "$LOGS/prepare-$label.log" 2>&1
+    python3 - "$WORK/data/$label.jsonl" "$count" "${journals[@]}" <<'PY'
+import gzip, hashlib, json, sys
+out, count, journals = sys.argv[1], sys.argv[2], sys.argv[3:]
+held = [{json.loads(line)["id"]: line for line in gzip.open(j, "rt") if line.strip()} for j in journals]
+ids = sorted(set.intersection(*(set(h) for h in held)), key=lambda i: hashlib.sha256(i.encode()).hexdigest())
+ids = ids if count == "all" else ids[: int(count)]
+with open(out, "w") as f:
+    for i in ids:
+        f.writelines(h[i] if h[i].endswith("\n") else h[i] + "\n" for h in held)
+print(f"{len(ids)} conversations × {len(journals)} journal(s) → {out}")
+PY
+    python3 -m eyas prepare --target "$TARGET" --data "$WORK/data/$label.jsonl" --out "$WORK/data/$label" "$@" \
+      > "$LOGS/prepare-$label.log" 2>&1
     echo "data $label: rc=$?"; tr '\r' '\n' < "$LOGS/prepare-$label.log" | grep -E 'samples|tokens /|records read' ;;
   start)
     name=$2 label=$3; shift 3
