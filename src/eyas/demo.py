@@ -150,7 +150,14 @@ def _closing_table(console: Console, config: RunConfig, trained, benches: dict, 
             table.add_row(drafter, r["dataset"], r["mode"], f"{r['tau']:.2f}",
                           f"{r['tokens_per_second']:.1f} / {r['plain_tokens_per_second']:.1f}", speedup_text(r, short=True),
                           f"{r['matches_plain']}/{r['prompts']}")
-    console.print(table)
+    # in a terminal the table takes its width; written to a file or pipe (80 columns by default) it keeps every figure
+    width = console.width
+    if not console.is_terminal:
+        console.width = max(width, 110)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
     if trained is not None and trained.initial_eval and trained.final_eval:  # none without a holdout
         console.print(f"this run's drafter: trained {trained.seconds:.0f} s on this machine; holdout step-0 acceptance "
                       f"{trained.initial_eval['acceptance_cumulative'][0]:.3f} → "
