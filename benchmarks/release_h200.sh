@@ -4,7 +4,7 @@
 # On the device machine, from the repository root, with eyas importable (PYTHONPATH=src:~/site) and the demo target
 # staged (../shared/DEVICE.md). WORK (default ~/rel) holds everything; LOGS=$WORK/logs.
 #
-#   benchmarks/release_h200.sh data LABEL COUNT JOURNAL_GZ [JOURNAL_GZ ...] [-- PREPARE_FLAGS]
+#   benchmarks/release_h200.sh data LABEL COUNT JOURNAL [JOURNAL ...] [-- PREPARE_FLAGS]   (.jsonl.xz or .jsonl.gz)
 #       `eyas prepare` (as data, nothing generated) into $WORK/data/LABEL: COUNT conversations (all: every one) that
 #       every journal holds, chosen by a hash of their id (a fair sample, not the journal's shallow-first order), each
 #       with every journal's answers (T = 0 and T = 0.8 journals: two answers per prompt, one conversation id, so
@@ -45,9 +45,10 @@ case "${1:-}" in
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do journals+=("$1"); shift; done
     [ "${1:-}" = "--" ] && shift
     python3 - "$WORK/data/$label.jsonl" "$count" "${journals[@]}" <<'PY'
-import gzip, hashlib, json, sys
+import gzip, hashlib, json, lzma, sys
 out, count, journals = sys.argv[1], sys.argv[2], sys.argv[3:]
-held = [{json.loads(line)["id"]: line for line in gzip.open(j, "rt") if line.strip()} for j in journals]
+opened = [(lzma if j.endswith(".xz") else gzip).open(j, "rt", encoding="utf-8") for j in journals]
+held = [{json.loads(line)["id"]: line for line in f if line.strip()} for f in opened]
 ids = sorted(set.intersection(*(set(h) for h in held)), key=lambda i: hashlib.sha256(i.encode()).hexdigest())
 ids = ids if count == "all" else ids[: int(count)]
 with open(out, "w") as f:

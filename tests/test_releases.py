@@ -1,7 +1,7 @@
 """releases/: what the repository ships for users to run (data journals, drafters), pinned by sha256."""
 
-import gzip
 import hashlib
+import lzma
 import shutil
 
 import pytest
@@ -37,10 +37,10 @@ def test_a_changed_an_unlisted_and_a_missing_file_are_each_named(tmp_path):
 
 
 def test_released_journals_are_complete_regeneration_journals():
-    journals = sorted(RELEASES.glob("data/*/regenerated.jsonl.gz"))
+    journals = sorted(RELEASES.glob("data/*/regenerated.jsonl.xz"))
     assert journals, "releases/data holds no journal"
     for journal in journals:
-        data = gzip.decompress(journal.read_bytes())
+        data = lzma.decompress(journal.read_bytes())
         assert data.endswith(b"\n"), f"{journal}: last line torn"
         conversations = parse_journal(journal, data)
         assert len(conversations) == data.count(b"\n"), f"{journal}: a conversation appears twice"
