@@ -49,7 +49,8 @@ import gzip, hashlib, json, lzma, sys
 out, count, journals = sys.argv[1], sys.argv[2], sys.argv[3:]
 opened = [(lzma if j.endswith(".xz") else gzip).open(j, "rt", encoding="utf-8") for j in journals]
 held = [{json.loads(line)["id"]: line for line in f if line.strip()} for f in opened]
-ids = sorted(set.intersection(*(set(h) for h in held)), key=lambda i: hashlib.sha256(i.encode()).hexdigest())
+# salted: eyas prepare holds out the ids whose plain sha256 is smallest, so that order would pick holdout ids first
+ids = sorted(set.intersection(*(set(h) for h in held)), key=lambda i: hashlib.sha256(f"subset:{i}".encode()).hexdigest())
 ids = ids if count == "all" else ids[: int(count)]
 with open(out, "w") as f:
     for i in ids:
