@@ -24,7 +24,7 @@ from pathlib import Path
 from eyas.export.check import check_draft_dir
 from eyas.export.files import read_shapes
 from eyas.io import write_json_atomic
-from eyas.releases import MANIFEST
+from eyas.releases import MANIFEST, write_manifest
 
 FILES = ("config.json", "model.safetensors", "manifest.json")
 
@@ -102,13 +102,6 @@ vllm serve "$TARGET_DIR" --speculative-config '{speculative}'
 Files: `config.json`, `model.safetensors` (bf16), `manifest.json` (what `eyas export` recorded), this card; their
 sha256 in `releases/{MANIFEST}`.
 """
-
-
-def write_manifest(releases: Path) -> None:
-    """releases/MANIFEST.sha256 over every file under ``releases`` but itself, sorted by path."""
-    files = sorted(p for p in releases.rglob("*") if p.is_file() and p.name != MANIFEST)
-    text = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(releases).as_posix()}\n" for p in files)
-    (releases / MANIFEST).write_text(text)
 
 
 def main() -> None:

@@ -98,18 +98,18 @@ PY
   evals)
     shift
     python3 - "$WORK/runs" "$@" <<'PY'
-import json, pathlib, sys
+import pathlib, sys
+sys.path.insert(0, "benchmarks")
+from make_release import last_eval  # one reader of a run's evaluations, for the card and for this table
 runs = pathlib.Path(sys.argv[1])
 print(f"{'run':<24} {'step':>6} {'tokens':>12} {'tau':>6} {'tau_start':>9}  acceptance (cumulative)")
 for name in sys.argv[2:]:
-    lines = [json.loads(l) for l in (runs / name / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    seen = [n for n, line in enumerate(lines) if "eval" in line]
-    if not seen:
+    try:
+        e, step, tokens = last_eval(runs / name / "metrics.jsonl")
+    except (SystemExit, FileNotFoundError):  # no evaluation, or no metrics.jsonl, yet
         print(f"{name:<24} no evaluation yet"); continue
-    last = lines[seen[-1]]; e = last["eval"]
-    tokens = sum(line.get("tokens", 0) for line in lines[: seen[-1] + 1])  # each line counts its own step's tokens
-    print(f"{name:<24} {last.get('step', '?'):>6} {tokens:>12,} {e.get('tau', 0):>6.3f} "
-          f"{e.get('tau_answer_start', 0):>9.3f}  " + " ".join(f"{a:.3f}" for a in e.get("acceptance_cumulative", [])[:5]))
+    print(f"{name:<24} {step:>6} {tokens:>12,} {e.get('tau', 0):>6.3f} {e.get('tau_answer_start', 0):>9.3f}  "
+          + " ".join(f"{a:.3f}" for a in e.get("acceptance_cumulative", [])[:5]))
 PY
     ;;
   *)

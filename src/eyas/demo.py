@@ -184,6 +184,6 @@ def _verdict(benches: dict) -> str:
         best = max(speedups)
         text += (f" The released drafter's speedup on this machine is {min(speedups):.2f}–{best:.2f}×"
                  + (": speculation pays off here." if best > 1 else ": speculation does not pay off here."))
-    return text + (" On a CPU a target forward of k + 1 tokens costs more than one of a single token (compute, not "
-                   "memory, is the limit), and the drafter's own steps weigh more than on a GPU; BENCHMARKS.md has the "
-                   "H200 figures.")
+    return text + (" On a CPU a target forward of k + 1 tokens costs about twice one of a single token (BLAS is slow "
+                   "for a few rows through a matrix), and the drafter's own steps weigh more than on a GPU; "
+                   "benchmarks/LOG.md measures both, BENCHMARKS.md has the H200 figures.")

@@ -3,10 +3,10 @@ pinned by sha256 in ``releases/MANIFEST.sha256`` (``sha256sum -c`` reads it)."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from eyas.errors import EyasError
+from eyas.io import file_sha256
 
 ROOT = Path(__file__).resolve().parents[2] / "releases"  # the checkout's folder (absent from an installed wheel)
 MANIFEST = "MANIFEST.sha256"
@@ -27,6 +27,12 @@ def read_manifest(root: Path = ROOT) -> dict[str, str]:
     return entries
 
 
+def write_manifest(root: Path = ROOT) -> None:
+    """Rewrite the manifest over every file under ``root`` but itself, sorted by path (what :func:`read_manifest` reads)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+    (root / MANIFEST).write_text("".join(f"{file_sha256(p)}  {p.relative_to(root).as_posix()}\n" for p in files))
+
+
 def release_problems(folder: Path | None = None, root: Path = ROOT) -> list[str]:
     """What is wrong with the released files under ``folder`` (inside ``root``; all of ``root`` when None): files the
     manifest does not list, listed files that are missing or whose sha256 differs. Empty when all is as released."""
@@ -38,7 +44,7 @@ def release_problems(folder: Path | None = None, root: Path = ROOT) -> list[str]
     problems = [f"{name}: not in {MANIFEST}" for name in sorted(present - listed)]
     problems += [f"{name}: listed in {MANIFEST} but missing" for name in sorted(listed - present)]
     problems += [f"{name}: sha256 differs from {MANIFEST}" for name in sorted(listed & present)
-                 if hashlib.sha256((root / name).read_bytes()).hexdigest() != entries[name]]
+                 if file_sha256(root / name) != entries[name]]
     return problems
 
 

@@ -13,15 +13,23 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 Head = Callable[[torch.Tensor], torch.Tensor]
 
 
-def packed_head(weight: torch.Tensor, rows: int = 8) -> Head | None:
-    """``x [..., in] → x @ weight.T`` through oneDNN with ``weight`` [out, in] prepacked (for about ``rows`` rows at a
-    time), or None where that does not apply: not a float32 CPU tensor, a torch without oneDNN's linear ops, or
-    results that differ from F.linear's beyond float32 rounding (checked once, here)."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+def vocab_head(linear: nn.Module, rows: int = 8) -> Head:
+    """What decoding calls for ``linear`` (an lm_head): :func:`packed_head` where it applies, else ``linear`` itself."""
+    return packed_head(linear, rows) or linear
+
+
+def packed_head(linear: nn.Module, rows: int = 8) -> Head | None:
+    """``x [..., in] → linear(x)`` through oneDNN with the weight [out, in] prepacked (for about ``rows`` rows at a
+    time), or None where that does not apply: a bias, not a float32 CPU weight, a torch without oneDNN's linear ops,
+    or results that differ from F.linear's beyond float32 rounding (checked once, here)."""
+    weight = linear.weight
+    if (getattr(linear, "bias", None) is not None or weight.device.type != "cpu" or weight.dtype != torch.float32
+            or not torch.backends.mkldnn.is_available()):
         return None
     weight = weight.detach()
     try:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from eyas.drafter.model import Eagle3Drafter
 from eyas.engine.attention import additive_mask, attend, kernels_available
-from eyas.engine.cpu_head import packed_head
+from eyas.engine.cpu_head import vocab_head
 from eyas.engine.topk import largest
 
 
@@ -42,8 +42,7 @@ class DraftRunner:
         self._window: torch.Tensor | None = None  # the mask of the pass being run [n, window]
         self._fused = drafter.fused_projections()  # q/k/v and gate/up one matmul each: 3 kernels fewer a pass
         self._kernels = kernels_available(self.device)
-        head = drafter.lm_head  # on a CPU, its weight prepacked for oneDNN (the drafter's largest matmul)
-        self._head = packed_head(head.weight) if head.bias is None else None
+        self._head = vocab_head(drafter.lm_head)  # on a CPU, prepacked for oneDNN: the drafter's largest matmul
 
     def reset(self) -> None:
         """Forget every committed position (a new prompt)."""
@@ -90,8 +89,7 @@ class DraftRunner:
         prenorm = self.drafter.layer(hidden, token_ids, positions, attend, self._fused)
         if not top_k:
             return prenorm, None, None
-        normed = self.drafter.norm(prenorm)
-        logits = (self._head(normed) if self._head is not None else self.drafter.lm_head(normed))[0]
+        logits = self._head(self.drafter.norm(prenorm))[0]
         # the top-k of the logits is the top-k of the log-probabilities; only those k are normalised
         best, ids = largest(logits, top_k)
         scores = best.float() - torch.logsumexp(logits.float(), -1, keepdim=True)

@@ -25,7 +25,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from eyas.engine.attention import attend, kernels_available
-from eyas.engine.cpu_head import packed_head
+from eyas.engine.cpu_head import vocab_head
 from eyas.engine.kv import SlotCache
 from eyas.target.layout import TargetLayout
 from eyas.target.taps import Taps
@@ -78,8 +78,7 @@ class FusedLlamaForward:
         self.layout, self.cache, self.taps = layout, cache, taps
         self.rotary = _rotary(model, layout)
         self.kernels = kernels_available(layout.embed.weight.device)  # eyas.engine.attention's, on a recent GPU
-        head = layout.lm_head
-        self.head = packed_head(head.weight) if getattr(head, "bias", None) is None else None  # on a CPU
+        self.head = vocab_head(layout.lm_head)  # on a CPU, its weight prepacked for oneDNN
         self.layers = []
         for layer in layout.layers:
             attention, mlp = layer.self_attn, layer.mlp
@@ -99,8 +98,7 @@ class FusedLlamaForward:
             gate, up = F.linear(layer.post_attention_layernorm.forward(hidden), gate_up_weight).chunk(2, dim=-1)
             hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
         self._tap(aux, len(self.layers), hidden)  # layer id N: the final norm's input
-        normed = self.layout.norm.forward(hidden)
-        return self.head(normed) if self.head is not None else self.layout.lm_head(normed)
+        return self.head(self.layout.norm.forward(hidden))
 
     def _tap(self, aux: torch.Tensor, layer: int, hidden: torch.Tensor) -> None:
         """Copy the residual stream entering decoder ``layer`` into its aux slot, when it is tapped."""
