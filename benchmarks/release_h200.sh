@@ -20,6 +20,11 @@
 #       holdout (chain:5, tree:60,7,10, T = 0; default 10 prompts × 512 tokens), and pack what comes back into
 #       $OUT/NAME: draft.tar.gz in ≤ 15 MiB parts (here: cat them, check draft.sha256) and records.tar.gz (metrics.jsonl,
 #       the bench report, the train/export/bench logs, draft.sha256).
+#   benchmarks/release_h200.sh compare NAME [NAME ...] -- HOLDOUT=LABEL [HOLDOUT=LABEL ...]
+#       a sweep's table: export each run in bf16 (no pack), score every one on the same holdouts
+#       (benchmarks/holdout_tau.py: simulated τ, e.g. t0=<T = 0 label> t08=<T = 0.8 label>) and bench each on
+#       MT-bench (tree:60,7,10 and chain:5, T = 0, 10 prompts × 512 tokens; BENCH_PROMPTS, BENCH_TOKENS); $OUT/compare
+#       gets holdout_tau.json and one bench report per run.
 #   benchmarks/release_h200.sh evals NAME [NAME ...]
 #       each run's last holdout evaluation (simulated τ, first answers' first 128 tokens, acceptance) as one table.
 #
@@ -95,6 +100,26 @@ PY
     tar -C "$WORK/records" -czf "$out/records.tar.gz" "$name"
     split -b 15M "$out/draft.tar.gz" "$out/draft.tar.gz.part." && rm "$out/draft.tar.gz"
     sed -n '/^| dataset/,/^$/p' "$WORK/bench/$name/report.md" ;;
+  compare)
+    shift; names=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do names+=("$1"); shift; done
+    shift; holdouts=()
+    for pair in "$@"; do holdouts+=("${pair%%=*}=$WORK/data/${pair#*=}"); done
+    mkdir -p "$OUT/compare"; drafts=()
+    for name in "${names[@]}"; do
+      python3 -m eyas export "$WORK/runs/$name" --out "$WORK/drafts/$name" --dtype bf16 --force > "$LOGS/export-$name.log" 2>&1 \
+        || { echo "$name: export failed"; tail -3 "$LOGS/export-$name.log"; continue; }
+      drafts+=("$WORK/drafts/$name")
+    done
+    python3 benchmarks/holdout_tau.py --target "$TARGET" --draft "${drafts[@]}" --data "${holdouts[@]}" \
+      --out "$OUT/compare/holdout_tau.json" 2>&1 | grep 'τ'
+    for name in "${names[@]}"; do
+      python3 -m eyas bench --target "$TARGET" --draft "$WORK/drafts/$name" --out "$WORK/bench/$name-mtbench" \
+        --dataset mt-bench --mode chain:5,tree:60,7,10 --prompts "${BENCH_PROMPTS:-10}" \
+        --max-new-tokens "${BENCH_TOKENS:-512}" --temperature 0 --force > "$LOGS/bench-$name-mtbench.log" 2>&1
+      cp "$WORK/bench/$name-mtbench/report.json" "$OUT/compare/bench-$name.json" 2>/dev/null
+      echo "$name:"; sed -n '/^| dataset/,/^$/p' "$WORK/bench/$name-mtbench/report.md"
+    done ;;
   evals)
     shift
     python3 - "$WORK/runs" "$@" <<'PY'
@@ -113,5 +138,5 @@ for name in sys.argv[2:]:
 PY
     ;;
   *)
-    sed -n '2,26p' "$0"; exit 2 ;;
+    sed -n '2,31p' "$0"; exit 2 ;;
 esac
