@@ -36,6 +36,7 @@ import argparse
 import gc
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -76,9 +77,28 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# benchmark-only generators: eyas' loop with its one-token attention kernel off (transformers' SDPA kernels instead)
+VARIANTS = {"eyas-sdpa": "eyas"}
+
+
+@contextmanager
+def _variant(name: str):
+    if name != "eyas-sdpa":
+        yield
+        return
+    import eyas.engine.grouped_attention as grouped
+
+    kernel = grouped.one_token_attention
+    grouped.one_token_attention = lambda *args, **kwargs: None  # grouped_sdpa then runs SDPA
+    try:
+        yield
+    finally:
+        grouped.one_token_attention = kernel
+
+
 def measure(name: str, model, tokenizer, prompts, args, device: torch.device) -> tuple[dict, list]:
     """Every pass of one generator over the prompts → (figures, the last pass's answers)."""
-    options = RegenerationOptions(generator=name, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+    options = RegenerationOptions(generator=VARIANTS.get(name, name), batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, seed=args.seed)
     generator = HFGenerator(model, tokenizer, options)
     decoded_lengths: list[int] = []
@@ -91,27 +111,28 @@ def measure(name: str, model, tokenizer, prompts, args, device: torch.device) ->
 
     model.generate = counted
     passes, answers = [], []
-    try:
-        for _ in range(args.passes):
-            decoded_lengths.clear()
-            decoder_before = _decoder_figures(generator)
-            sync(device)
-            started = time.perf_counter()
-            answers = generator.generate(prompts)
-            sync(device)
-            seconds = time.perf_counter() - started
-            done = [a for a in answers if not isinstance(a, Exception)]
-            figures = {"seconds": round(seconds, 2), "answers": len(done), "answers_per_s": round(len(done) / seconds, 2),
-                       "truncated": sum(a.truncated for a in done), "failed": len(answers) - len(done)}
-            if name == "hf-generate" and decoded_lengths:
-                figures["steps"] = sum(decoded_lengths)
-                figures["ms_per_step_with_prefill"] = round(1000 * seconds / sum(decoded_lengths), 3)
-            else:
-                figures.update(_decoder_delta(decoder_before, _decoder_figures(generator)))
-            passes.append(figures)
-            print(f"{name}: pass {len(passes)}: {json.dumps(figures)}", flush=True)
-    finally:
-        del model.generate  # the class's method again
+    with _variant(name):
+        try:
+            for _ in range(args.passes):
+                decoded_lengths.clear()
+                decoder_before = _decoder_figures(generator)
+                sync(device)
+                started = time.perf_counter()
+                answers = generator.generate(prompts)
+                sync(device)
+                seconds = time.perf_counter() - started
+                done = [a for a in answers if not isinstance(a, Exception)]
+                figures = {"seconds": round(seconds, 2), "answers": len(done), "answers_per_s": round(len(done) / seconds, 2),
+                           "truncated": sum(a.truncated for a in done), "failed": len(answers) - len(done)}
+                if name == "hf-generate" and decoded_lengths:
+                    figures["steps"] = sum(decoded_lengths)
+                    figures["ms_per_step_with_prefill"] = round(1000 * seconds / sum(decoded_lengths), 3)
+                else:
+                    figures.update(_decoder_delta(decoder_before, _decoder_figures(generator)))
+                passes.append(figures)
+                print(f"{name}: pass {len(passes)}: {json.dumps(figures)}", flush=True)
+        finally:
+            del model.generate  # the class's method again
     result = {"passes": passes, "first_pass_answers_per_s": passes[0]["answers_per_s"],
               "warm_answers_per_s": passes[-1]["answers_per_s"]}
     if len(passes) > 1:
@@ -197,8 +218,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     names = [n.strip() for n in args.generators.split(",") if n.strip()]
-    if unknown := [n for n in names if n not in GENERATORS]:
-        parser.error(f"--generators: unknown {unknown}; choose from {', '.join(GENERATORS)}")
+    if unknown := [n for n in names if n not in GENERATORS and n not in VARIANTS]:
+        parser.error(f"--generators: unknown {unknown}; choose from {', '.join([*GENERATORS, *VARIANTS])}")
     if args.passes < 1 or args.prompts < 1:
         parser.error("--passes and --prompts must be ≥ 1")
 
@@ -231,9 +252,10 @@ def main() -> None:
         report["greedy_agreement"] = agreement(tokenizer, *answers.values())
     if args.reference:
         report["reference_agreement"] = {name: agreement(tokenizer, ours, references) for name, ours in answers.items()}
-    if len(names) == 2:
-        eyas, hf = (report["generators"][n]["warm_answers_per_s"] for n in ("eyas", "hf-generate"))
-        report["warm_speedup"] = round(eyas / hf, 2) if hf else None
+    if len(names) == 2 and "eyas" in names:  # eyas over the other one
+        other = next(n for n in names if n != "eyas")
+        eyas, them = (report["generators"][n]["warm_answers_per_s"] for n in ("eyas", other))
+        report["warm_speedup"] = round(eyas / them, 2) if them else None
     (out / "regenerate_gpu.json").write_text(json.dumps(report, indent=2) + "\n")
     write_run_json(out, machine, notes="eyas' batched loop vs transformers' generate for regeneration")
     print(f"\n{'generator':<12} {'first pass ans/s':>17} {'warm ans/s':>11} {'compile/capture s':>18} "

@@ -93,6 +93,44 @@ ATTENTION_CHECK = textwrap.dedent("""
 """)
 
 
+# The regeneration's batched one-token attention: every row its own mask (left padding, the row's own length),
+# slots a partial number of blocks, the cache a slice of a larger one (its slot stride wider than the slice).
+ONE_TOKEN_CHECK = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+    from eyas.engine.grouped_attention import one_token_attention
+
+    gen = torch.Generator().manual_seed(0)
+    for batch, heads, kv_heads, slots, capacity, dim, dtype, tolerance, shared_mask in [
+            (5, 9, 3, 200, 256, 64, torch.float32, 1e-5, False), (3, 8, 2, 64, 64, 128, torch.float32, 1e-5, False),
+            (4, 4, 4, 130, 192, 32, torch.float16, 2e-3, False), (2, 16, 1, 70, 128, 64, torch.float32, 1e-5, True)]:
+        q = torch.randn(batch, heads, 1, dim, generator=gen).to(dtype)
+        keys = torch.randn(batch, kv_heads, capacity, dim, generator=gen).to(dtype)[:, :, :slots]
+        values = torch.randn(batch, kv_heads, capacity, dim, generator=gen).to(dtype)[:, :, :slots]
+        visible = torch.rand(1 if shared_mask else batch, slots, generator=gen) < 0.7
+        visible[:, slots - 1] = True  # a row always sees its own new token
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)[:, None, None]
+        wide = torch.zeros(mask.shape[0], 1, 1, slots + 40, dtype=dtype)  # masks may be wider than the slots
+        wide[..., :slots] = mask
+        out = one_token_attention(q, keys, values, wide, dim ** -0.5)
+        assert out is not None and out.shape == (batch, 1, heads, dim) and out.dtype == dtype, (None if out is None else out.shape)
+        group = heads // kv_heads
+        expected = F.scaled_dot_product_attention(
+            q.float(), keys.repeat_interleave(group, 1).float(), values.repeat_interleave(group, 1).float(),
+            attn_mask=visible[:, None, None].expand(batch, 1, 1, slots), scale=dim ** -0.5).transpose(1, 2)
+        error = (out.float() - expected).abs().max().item()
+        assert error < tolerance, (batch, heads, kv_heads, slots, dim, dtype, error)
+    # where it does not apply, SDPA runs: two query tokens, 17 query heads per key head, an odd head size
+    assert one_token_attention(torch.randn(1, 9, 2, 64), torch.randn(1, 3, 8, 64), torch.randn(1, 3, 8, 64),
+                               torch.zeros(1, 1, 1, 8), 0.1) is None
+    assert one_token_attention(torch.randn(1, 17, 1, 64), torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64),
+                               torch.zeros(1, 1, 1, 8), 0.1) is None
+    assert one_token_attention(torch.randn(1, 9, 1, 48), torch.randn(1, 3, 8, 48), torch.randn(1, 3, 8, 48),
+                               torch.zeros(1, 1, 1, 8), 0.1) is None
+    print("kernels ok")
+""")
+
+
 def interpret(check: str) -> None:
     import triton  # noqa: F401 — a test dependency (pyproject): fails loudly where it is missing
 
@@ -109,6 +147,12 @@ def test_the_attention_kernels_equal_sdpa_for_any_mask_and_head_grouping():
     """Grouped query heads (9 over 3 key heads, 8 over 2), one key head per query head, 1 to 61 tokens (1 to
     6 tiles of query rows), head sizes 32 to 128, caches of 1 to 11 blocks with a partial last one, a tree mask."""
     interpret(ATTENTION_CHECK)
+
+
+def test_the_one_token_attention_kernel_equals_sdpa_for_every_row_and_its_mask():
+    """The regeneration's batched decoding step: 1 to 16 query heads per key head, head sizes 32 to 128, every
+    row with its own padding mask (or one shared), caches sliced from larger ones, masks wider than the cache."""
+    interpret(ONE_TOKEN_CHECK)
 
 
 def test_largest_is_the_top_k_off_the_gpu_and_refuses_bad_shapes():
