@@ -187,8 +187,9 @@ def test_an_error_that_is_not_out_of_memory_is_raised_not_halved(tiny_target):  
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text", "deepseek_v3"])
 def test_a_prefill_split_into_forwards_of_a_few_rows_decodes_as_the_whole_batch(arch):
-    """prefill_tokens small enough for 1 or 2 rows per forward (prompts of 11 tokens): the same greedy rows as one
-    prefill forward of all 8, and as transformers' generate — MLA's unequal key/value widths included."""
+    """prefill_tokens small enough for 1 or 2 rows per forward (prompts of 1 to 11 tokens), each forward padded to
+    its own longest prompt and written right-aligned into the batch's cache: the same greedy rows as one prefill
+    forward of all 8, and as transformers' generate — MLA's unequal key/value widths included."""
     model = ARCHITECTURES[arch][0]()
     stop, rows = stop_of(model), prompts()
     whole = BatchedDecoder(model, [stop], pad_id=0, block=8, max_batch=8)
@@ -198,6 +199,8 @@ def test_a_prefill_split_into_forwards_of_a_few_rows_decodes_as_the_whole_batch(
         split = BatchedDecoder(model, [stop], pad_id=0, block=8, max_batch=8, prefill_tokens=tokens)
         split.graphs = FakeGraphs()
         assert split.decode(rows, 16) == expected
+        if tokens == 11:  # (start, end, width) per forward: the 8 rows of lengths 5, 11, 3, 8, 1 (filled with 1s)
+            assert split._prefill_forwards([*LENGTHS, 1, 1, 1]) == [(0, 1, 5), (1, 2, 11), (2, 3, 3), (3, 4, 8), (4, 8, 1)]
     assert expected == hf_greedy(model, rows, 16, stop)
 
 

@@ -8,7 +8,8 @@ in 60 µs). Here a batch runs as:
    transformers computes them for left padding (a row's first real token is position 0), written into a
    :class:`eyas.engine.kv.SlotCache` at slots [0, width); eager forwards of a few rows each (at most
    ``prefill_tokens`` padded tokens: a whole batch of long prompts at once needs tens of GB for its masks and
-   activations), last position's logits only;
+   activations), each forward padded only to its own longest prompt and written right-aligned (its slots
+   [width − its width, width), the slots before it hidden from its rows), last position's logits only;
 2. decoding: every row writes its next token at the same slot (width + step), so every step of a batch has
    the same shapes: ids [B, 1], positions [B, 1], the slot, and a mask over the first ``visible`` slots (the
    cache's length rounded up to a block, so early steps do not read the whole cache). On CUDA each step is one
@@ -219,28 +220,42 @@ class BatchedDecoder:
         positions = (real.long().cumsum(-1) - 1).masked_fill_(~real, 1)
         lane.valid.fill_(True)
         lane.valid[:, :width] = real
-        index = lane.index[:width]
-        causal = index[None, :] <= index[:, None]
-        # a padding query sees itself, so that no row of the mask is empty (an all-masked row would give NaNs)
-        itself = torch.eye(width, dtype=torch.bool, device=self.device)[None]
-        near = None if self.window is None else (index[:, None] - index[None, :]) < self.window
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
         lane.step.zero_()
         first = torch.empty(lane.batch, dtype=torch.long, device=self.device)
-        per_forward = max(1, self.prefill_tokens // width)
-        for start in range(0, lane.batch, per_forward):  # a few rows at a time, each into its rows of the lane's cache
-            end = min(start + per_forward, lane.batch)
-            part = SlotCache(self.layers, width)
-            part.slots, part.visible = index, width
-            seen = (causal[None] & real[start:end, None, :]) | itself
-            logits = self._forward(part, ids[start:end].to(self.device), positions[start:end],
+        for start, end, span in self._prefill_forwards([len(r) for r in rows]):
+            # rows [start, end) as wide as their longest (span): their slots [width − span, width) of the lane's cache
+            offset = width - span
+            index = lane.index[:span]
+            causal = index[None, :] <= index[:, None]
+            # a padding query sees itself, so that no row of the mask is empty (an all-masked row would give NaNs)
+            itself = torch.eye(span, dtype=torch.bool, device=self.device)[None]
+            near = None if self.window is None else (index[:, None] - index[None, :]) < self.window
+            part = SlotCache(self.layers, span)
+            part.slots, part.visible = index, span
+            seen = (causal[None] & real[start:end, None, offset:]) | itself
+            logits = self._forward(part, ids[start:end, offset:].to(self.device), positions[start:end, offset:],
                                    layer_masks(seen, near, self.window_everywhere, self.dtype), **extra)
-            lane.cache.put_rows(part, start, lane.batch)
+            lane.cache.put_rows(part, start, lane.batch, offset)
             del part
             first[start:end] = pick(logits[:, -1], lane.temperature if sampled else None, lane.seeds[start:end], lane.step)
         lane.positions.copy_(positions[:, -1:] + 1)
         lane.slot.fill_(width)
         return first
+
+    def _prefill_forwards(self, lengths: list[int]) -> list[tuple[int, int, int]]:
+        """(start, end, span) per prefill forward: consecutive rows while their count × the longest of them stays
+        within ``prefill_tokens`` (one row at least), each forward as wide as its own longest prompt — a batch of
+        prompts sorted longest first pads each forward to its own rows, not to the batch's longest."""
+        forwards, start = [], 0
+        while start < len(lengths):
+            end, span = start + 1, lengths[start]
+            while end < len(lengths) and (end + 1 - start) * max(span, lengths[end]) <= self.prefill_tokens:
+                span = max(span, lengths[end])
+                end += 1
+            forwards.append((start, end, span))
+            start = end
+        return forwards
 
     def _step(self, lane: _Lane, slot: int, sampled: bool) -> torch.Tensor:
         """One decoding step of the whole batch at cache slot ``slot`` (the host's copy of ``lane.slot``)."""

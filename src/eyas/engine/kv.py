@@ -37,10 +37,10 @@ class SlotCache(Cache):
         self.values[layer_idx].index_copy_(2, self.slots, value_states)
         return self.keys[layer_idx][:, :, : self.visible], self.values[layer_idx][:, :, : self.visible]
 
-    def put_rows(self, part: SlotCache, start: int, batch: int) -> None:
-        """Copy every layer of ``part`` (fewer rows, its slots [0, part.capacity) ⊆ ours) into rows [start, start + its
-        rows) of this cache of ``batch`` rows, allocating a layer on its first copy: a batch prefilled a few rows at a
-        time."""
+    def put_rows(self, part: SlotCache, start: int, batch: int, offset: int = 0) -> None:
+        """Copy every layer of ``part`` (fewer rows, fewer slots) into rows [start, start + its rows) and slots
+        [offset, offset + part.capacity) of this cache of ``batch`` rows, allocating a layer on its first copy: a batch
+        prefilled a few rows at a time."""
         for layer, (keys, values) in enumerate(zip(part.keys, part.values, strict=True)):
             if keys is None or values is None:
                 continue
@@ -48,8 +48,8 @@ class SlotCache(Cache):
                 self.keys[layer] = keys.new_zeros(batch, keys.shape[1], self.capacity, keys.shape[3])
                 self.values[layer] = values.new_zeros(batch, values.shape[1], self.capacity, values.shape[3])
             end = start + keys.shape[0]
-            self.keys[layer][start:end, :, : part.capacity].copy_(keys)
-            self.values[layer][start:end, :, : part.capacity].copy_(values)
+            self.keys[layer][start:end, :, offset: offset + part.capacity].copy_(keys)
+            self.values[layer][start:end, :, offset: offset + part.capacity].copy_(values)
 
     def consolidate(self) -> None:
         """Once every layer is allocated: when all keys and values share one shape, keep them in one
