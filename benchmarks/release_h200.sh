@@ -6,9 +6,11 @@
 #
 #   benchmarks/release_h200.sh data LABEL COUNT JOURNAL [JOURNAL ...] [-- PREPARE_FLAGS]   (.jsonl.xz or .jsonl.gz)
 #       `eyas prepare` (as data, nothing generated) into $WORK/data/LABEL: COUNT conversations (all: every one) that
-#       every journal holds, chosen by a hash of their id (a fair sample, not the journal's shallow-first order), each
-#       with every journal's answers (T = 0 and T = 0.8 journals: two answers per prompt, one conversation id, so
-#       both fall on the same side of the holdout split).
+#       every plain JOURNAL holds, chosen by a hash of their id (a fair sample, not the journal's shallow-first order),
+#       each with every journal's answers (T = 0 and T = 0.8 journals: two answers per prompt, one conversation id, so
+#       both fall on the same side of the holdout split). +JOURNAL: only its ids count (no answers from it, e.g. the
+#       T = 0 answers of the conversations the T = 0.8 journal holds); ?JOURNAL: its answers where it has them (its
+#       ids do not restrict). E.g. t0-2k: 2048 T0 +T08; mix-10k: all T0 T08; mix-all: all T0 ?T08.
 #   benchmarks/release_h200.sh start NAME LABEL [TRAIN_FLAGS]
 #       `eyas train --online` on $WORK/data/LABEL into $WORK/runs/NAME, in a session of its own (setsid), so that it
 #       runs on after the call returns, for as long as the machine is held (each call must follow the last within
@@ -51,16 +53,23 @@ case "${1:-}" in
     [ "${1:-}" = "--" ] && shift
     python3 - "$WORK/data/$label.jsonl" "$count" "${journals[@]}" <<'PY'
 import gzip, hashlib, json, lzma, sys
-out, count, journals = sys.argv[1], sys.argv[2], sys.argv[3:]
-opened = [(lzma if j.endswith(".xz") else gzip).open(j, "rt", encoding="utf-8") for j in journals]
-held = [{json.loads(line)["id"]: line for line in f if line.strip()} for f in opened]
+out, count, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
+def read(path):
+    with (lzma if path.endswith(".xz") else gzip).open(path, "rt", encoding="utf-8") as f:
+        return {json.loads(line)["id"]: line for line in f if line.strip()}
+journals = [(spec[0] if spec[0] in "+?" else "", read(spec.lstrip("+?"))) for spec in specs]
+ids = set.intersection(*(set(held) for kind, held in journals if kind != "?"))
 # salted: eyas prepare holds out the ids whose plain sha256 is smallest, so that order would pick holdout ids first
-ids = sorted(set.intersection(*(set(h) for h in held)), key=lambda i: hashlib.sha256(f"subset:{i}".encode()).hexdigest())
+ids = sorted(ids, key=lambda i: hashlib.sha256(f"subset:{i}".encode()).hexdigest())
 ids = ids if count == "all" else ids[: int(count)]
+lines = 0
 with open(out, "w") as f:
     for i in ids:
-        f.writelines(h[i] if h[i].endswith("\n") else h[i] + "\n" for h in held)
-print(f"{len(ids)} conversations × {len(journals)} journal(s) → {out}")
+        for kind, held in journals:
+            if kind != "+" and i in held:
+                f.write(held[i] if held[i].endswith("\n") else held[i] + "\n")
+                lines += 1
+print(f"{len(ids)} conversations, {lines} answer sets from {' '.join(specs)} → {out}")
 PY
     python3 -m eyas prepare --target "$TARGET" --data "$WORK/data/$label.jsonl" --out "$WORK/data/$label" "$@" \
       > "$LOGS/prepare-$label.log" 2>&1
