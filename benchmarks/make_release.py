@@ -1,6 +1,6 @@
 """Put an exported drafter under releases/ with its model card, and pin every released file in the manifest.
 
-    python benchmarks/make_release.py DRAFT_DIR --name NAME --bench REPORT_DIR [--bench REPORT_DIR ...]
+    python benchmarks/make_release.py DRAFT_DIR --name NAME --bench REPORT [--bench REPORT ...]
         --metrics METRICS_JSONL --data 'what it was trained on' --command 'the training command'
         --commit COMMIT --machine 'one H200' --date 2026-12-04 [--notes 'one paragraph'] [--releases releases]
 
@@ -108,7 +108,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("draft", type=Path)
     parser.add_argument("--name", required=True)
-    parser.add_argument("--bench", type=Path, action="append", required=True, help="a REPORT_DIR (repeatable)")
+    parser.add_argument("--bench", type=Path, action="append", required=True,
+                        help="a REPORT_DIR or its report.json (e.g. release_h200.sh finish's report-t0.json; repeatable)")
     parser.add_argument("--metrics", type=Path, required=True, help="the run's metrics.jsonl")
     for flag in ("--data", "--command", "--commit", "--machine", "--date"):
         parser.add_argument(flag, required=True)
@@ -124,7 +125,7 @@ def main() -> None:
         raise SystemExit(f"{args.draft}/model.safetensors holds {sorted(dtypes)}: export it with --dtype bf16")
     config = json.loads((args.draft / "config.json").read_text())
     evaluation, step, tokens = last_eval(args.metrics)
-    reports = [json.loads((report / "report.json").read_text()) for report in args.bench]
+    reports = [json.loads((report / "report.json" if report.is_dir() else report).read_text()) for report in args.bench]
 
     out = args.releases / args.name
     out.mkdir(parents=True, exist_ok=True)

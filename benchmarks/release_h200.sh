@@ -18,10 +18,11 @@
 #   benchmarks/release_h200.sh wait SECONDS NAME [NAME ...]
 #       print each run's progress every minute until all have ended or SECONDS have passed.
 #   benchmarks/release_h200.sh finish NAME LABEL [PROMPTS] [MAX_NEW_TOKENS]
-#       export NAME in bf16 into $WORK/drafts/NAME, `eyas check` it, bench it on MT-bench, HumanEval and LABEL's
-#       holdout (chain:5, tree:60,7,10, T = 0; default 10 prompts × 512 tokens), and pack what comes back into
-#       $OUT/NAME: draft.tar.gz in ≤ 15 MiB parts (here: cat them, check draft.sha256) and records.tar.gz (metrics.jsonl,
-#       the bench report, the train/export/bench logs, draft.sha256).
+#       export NAME in bf16 into $WORK/drafts/NAME, `eyas check` it, pack it into $OUT/NAME/draft.tar.gz in ≤ 15 MiB
+#       parts (here: cat them, check draft.sha256), then bench it (default 10 prompts × 512 tokens; BENCH_FLAGS, e.g.
+#       --compile): MT-bench, HumanEval and LABEL's holdout at T = 0 (chain:5, tree:60,7,10), the tree shapes TREES on
+#       MT-bench, and the three datasets at T = 1; $OUT/NAME/records.tar.gz (metrics.jsonl, the reports, the
+#       train/export/bench logs, draft.sha256) is remade after each bench.
 #   benchmarks/release_h200.sh compare NAME [NAME ...] -- HOLDOUT=LABEL [HOLDOUT=LABEL ...]
 #       a sweep's table: export each run in bf16 (no pack), score every one on the same holdouts
 #       (benchmarks/holdout_tau.py: simulated τ, e.g. t0=<T = 0 label> t08=<T = 0.8 label>) and bench each on
@@ -94,21 +95,31 @@ PY
     for name in "$@"; do running "$name" && echo "$name: still running" || echo "$name: ended; $(progress "$name")"; done ;;
   finish)
     name=$2 label=$3 prompts=${4:-10} tokens=${5:-512}
-    out="$OUT/$name"; mkdir -p "$out"
+    out="$OUT/$name" records="$WORK/records/$name"; mkdir -p "$out" "$records"
     python3 -m eyas export "$WORK/runs/$name" --out "$WORK/drafts/$name" --dtype bf16 --force > "$LOGS/export-$name.log" 2>&1 \
       && python3 -m eyas check "$WORK/drafts/$name" >> "$LOGS/export-$name.log" 2>&1 || { echo "export/check failed"; tail -5 "$LOGS/export-$name.log"; exit 1; }
-    python3 -m eyas bench --target "$TARGET" --draft "$WORK/drafts/$name" --data "$WORK/data/$label" --out "$WORK/bench/$name" \
-      --dataset mt-bench,humaneval,sharegpt-holdout --mode chain:5,tree:60,7,10 --prompts "$prompts" \
-      --max-new-tokens "$tokens" --temperature 0 --force > "$LOGS/bench-$name.log" 2>&1
-    echo "bench rc=$?"
-    records="$WORK/records/$name"; mkdir -p "$records"  # the small files travel as one (8 files come back per call)
-    cp "$WORK/bench/$name/report.json" "$WORK/bench/$name/report.md" "$WORK/runs/$name/metrics.jsonl" "$records/" 2>/dev/null
-    for log in train export bench; do tr '\r' '\n' < "$LOGS/$log-$name.log" | grep -v 'it/s\]' > "$records/$log.log"; done
+    # the drafter is packed first: whatever the benches below leave undone, it comes back
     tar -C "$WORK/drafts" -cf - "$name" | gzip -1 > "$out/draft.tar.gz"
     (cd "$out" && sha256sum draft.tar.gz) | tee "$records/draft.sha256"
-    tar -C "$WORK/records" -czf "$out/records.tar.gz" "$name"
     split -b 15M "$out/draft.tar.gz" "$out/draft.tar.gz.part." && rm "$out/draft.tar.gz"
-    sed -n '/^| dataset/,/^$/p' "$WORK/bench/$name/report.md" ;;
+    # T = 0 on the three datasets; the tree shapes on MT-bench; T = 1 on the three datasets (BENCH_FLAGS: e.g. --compile)
+    for run in "t0|mt-bench,humaneval,sharegpt-holdout|chain:5,tree:60,7,10|0" \
+               "trees|mt-bench|${TREES:-tree:48,6,8;tree:80,8,10;tree:100,10,10;tree:128,12,12}|0" \
+               "t1|mt-bench,humaneval,sharegpt-holdout|chain:5,tree:60,7,10|1"; do
+      IFS='|' read -r tag datasets modes temperature <<< "$run"
+      python3 -m eyas bench --target "$TARGET" --draft "$WORK/drafts/$name" --data "$WORK/data/$label" \
+        --out "$WORK/bench/$name-$tag" --dataset "$datasets" --mode "$modes" --prompts "$prompts" \
+        --max-new-tokens "$tokens" --temperature "$temperature" ${BENCH_FLAGS:-} --force > "$LOGS/bench-$name-$tag.log" 2>&1
+      echo "bench $tag rc=$?"
+      cp "$WORK/bench/$name-$tag/report.json" "$records/report-$tag.json" 2>/dev/null
+      cp "$WORK/bench/$name-$tag/report.md" "$records/report-$tag.md" 2>/dev/null
+      tr '\r' '\n' < "$LOGS/bench-$name-$tag.log" | grep -v 'it/s\]' > "$records/bench-$tag.log"
+      sed -n '/^| dataset/,/^$/p' "$WORK/bench/$name-$tag/report.md"
+      # the small files travel as one (8 files come back per call), remade after each bench
+      cp "$WORK/runs/$name/metrics.jsonl" "$records/" 2>/dev/null
+      for log in train export; do tr '\r' '\n' < "$LOGS/$log-$name.log" | grep -v 'it/s\]' > "$records/$log.log"; done
+      tar -C "$WORK/records" -czf "$out/records.tar.gz" "$name"
+    done ;;
   compare)
     shift; names=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do names+=("$1"); shift; done
