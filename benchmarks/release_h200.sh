@@ -4,7 +4,7 @@
 # On the device machine, from the repository root, with eyas importable (PYTHONPATH=src:~/site) and the demo target
 # staged (../shared/DEVICE.md). WORK (default ~/rel) holds everything; LOGS=$WORK/logs.
 #
-#   benchmarks/release_h200.sh data LABEL COUNT JOURNAL [JOURNAL ...] [-- PREPARE_FLAGS]   (.jsonl.xz or .jsonl.gz)
+#   benchmarks/release_h200.sh data LABEL COUNT JOURNAL [JOURNAL ...] [-- PREPARE_FLAGS]   (.jsonl.xz, .jsonl.gz, .jsonl)
 #       `eyas prepare` (as data, nothing generated) into $WORK/data/LABEL: COUNT conversations (all: every one) that
 #       every plain JOURNAL holds, chosen by a hash of their id (a fair sample, not the journal's shallow-first order),
 #       each with every journal's answers (T = 0 and T = 0.8 journals: two answers per prompt, one conversation id, so
@@ -55,9 +55,10 @@ case "${1:-}" in
     python3 - "$WORK/data/$label.jsonl" "$count" "${journals[@]}" <<'PY'
 import gzip, hashlib, json, lzma, sys
 out, count, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
-def read(path):
-    with (lzma if path.endswith(".xz") else gzip).open(path, "rt", encoding="utf-8") as f:
-        return {json.loads(line)["id"]: line for line in f if line.strip()}
+def read(path):  # a released journal (.xz, .gz) or one being written (.jsonl: its complete lines)
+    opener = lzma.open if path.endswith(".xz") else gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return {json.loads(line)["id"]: line for line in f if line.endswith("\n") and line.strip()}
 journals = [(spec[0] if spec[0] in "+?" else "", read(spec.lstrip("+?"))) for spec in specs]
 ids = set.intersection(*(set(held) for kind, held in journals if kind != "?"))
 # salted: eyas prepare holds out the ids whose plain sha256 is smallest, so that order would pick holdout ids first
