@@ -120,7 +120,10 @@ ONE_TOKEN_CHECK = textwrap.dedent("""
             attn_mask=visible[:, None, None].expand(batch, 1, 1, slots), scale=dim ** -0.5).transpose(1, 2)
         error = (out.float() - expected).abs().max().item()
         assert error < tolerance, (batch, heads, kv_heads, slots, dim, dtype, error)
-    # where it does not apply, SDPA runs: two query tokens, 17 query heads per key head, an odd head size
+    # where it does not apply, SDPA runs: two query tokens, 17 query heads per key head, an odd head size, values
+    # narrower than keys (MLA)
+    assert one_token_attention(torch.randn(1, 9, 1, 64), torch.randn(1, 3, 8, 64), torch.randn(1, 3, 8, 32),
+                               torch.zeros(1, 1, 1, 8), 0.1) is None
     assert one_token_attention(torch.randn(1, 9, 2, 64), torch.randn(1, 3, 8, 64), torch.randn(1, 3, 8, 64),
                                torch.zeros(1, 1, 1, 8), 0.1) is None
     assert one_token_attention(torch.randn(1, 17, 1, 64), torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64),

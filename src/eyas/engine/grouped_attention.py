@@ -42,14 +42,15 @@ BLOCK_SLOTS = 64  # cache slots a program scores at once
 def one_token_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
                         scale: float) -> torch.Tensor | None:
     """query [B, H, 1, d], key/value [B, Hkv, S, d] (any slot stride), additive mask [B or 1, 1, 1, ≥ S] →
-    [B, 1, H, d], or None where the kernel does not apply (no Triton, an odd head size, more than 16 query heads
-    per key head, an unusual layout): the caller then runs SDPA. Query head h reads key head h // (H / Hkv)."""
+    [B, 1, H, d], or None where the kernel does not apply (no Triton, an odd head size, values of another width than
+    keys as MLA has, more than 16 query heads per key head, an unusual layout): the caller then runs SDPA. Query
+    head h reads key head h // (H / Hkv)."""
     batch, heads, length, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
     group = heads // kv_heads
     if (triton is None or length != 1 or heads % kv_heads or group > 16 or dim not in (32, 64, 128)
-            or mask.dim() != 4 or mask.shape[0] not in (1, batch) or mask.shape[-1] < slots or mask.stride(-1) != 1
-            or key.stride(-1) != 1 or value.stride(-1) != 1):
+            or value.shape[-1] != dim or mask.dim() != 4 or mask.shape[0] not in (1, batch) or mask.shape[-1] < slots
+            or mask.stride(-1) != 1 or key.stride(-1) != 1 or value.stride(-1) != 1):
         return None
     query = query.contiguous()
     out = torch.empty(batch, 1, heads, dim, dtype=query.dtype, device=query.device)
