@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -37,19 +38,21 @@ def main() -> None:
     from eyas.target import load_target
     from eyas.train.data import OnlineSource
     from eyas.train.evaluate import evaluate
+    from eyas.train.options import TrainOptions
+    from eyas.train.trainer import training_autocast
 
     holdouts = dict(item.split("=", 1) for item in args.data)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     target = load_target(args.target, device=device)
     head = target.layout.lm_head.weight.detach().to(torch.bfloat16 if device.type == "cuda" else torch.float32)
     embed = target.layout.embed.weight.detach()
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else \
-        (lambda: torch.autocast("cpu", enabled=False))
-    weights = [0.8**k for k in range(args.steps)]
+    autocast = training_autocast(device)  # the drafter's forwards as `eyas train` evaluates them
+    decay = {f.name: f.default for f in fields(TrainOptions)}["step_decay"]  # weighs only the loss, not in this table
+    weights = [decay**k for k in range(args.steps)]
     rows = []
     for draft in args.draft:
         drafter = load_drafter(draft, embed, target.layout.num_layers, device=device)
-        draft_ids = torch.arange(len(drafter.d2t), device=device) + drafter.d2t
+        draft_ids = drafter.to_target_ids(torch.arange(len(drafter.d2t), device=device))
         for name, data_dir in holdouts.items():
             source = OnlineSource(target, Path(data_dir), "holdout", drafter.config.layer_ids, args.token_budget,
                                   device, torch.float32)

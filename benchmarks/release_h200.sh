@@ -42,6 +42,21 @@ running() {  # NAME: the run's process is alive
   [ -f "$WORK/runs/$1.pid" ] && kill -0 "$(cat "$WORK/runs/$1.pid")" 2>/dev/null
 }
 
+export_draft() {  # NAME: its run exported in bf16 into $WORK/drafts/NAME and checked; the log says why not
+  python3 -m eyas export "$WORK/runs/$1" --out "$WORK/drafts/$1" --dtype bf16 --force > "$LOGS/export-$1.log" 2>&1 \
+    && python3 -m eyas check "$WORK/drafts/$1" >> "$LOGS/export-$1.log" 2>&1 \
+    || { echo "$1: export/check failed"; tail -5 "$LOGS/export-$1.log"; return 1; }
+}
+
+bench_draft() {  # NAME TAG DATASETS MODES TEMPERATURE PROMPTS TOKENS [FLAGS...]: into $WORK/bench/NAME-TAG, its table printed
+  local name=$1 tag=$2 datasets=$3 modes=$4 temperature=$5 prompts=$6 tokens=$7; shift 7
+  python3 -m eyas bench --target "$TARGET" --draft "$WORK/drafts/$name" --out "$WORK/bench/$name-$tag" \
+    --dataset "$datasets" --mode "$modes" --prompts "$prompts" --max-new-tokens "$tokens" --temperature "$temperature" \
+    --force "$@" > "$LOGS/bench-$name-$tag.log" 2>&1
+  echo "$name bench $tag rc=$?"
+  sed -n '/^| dataset/,/^$/p' "$WORK/bench/$name-$tag/report.md" 2>/dev/null
+}
+
 progress() {  # NAME: the last progress line of its log
   tr '\r' '\n' < "$LOGS/train-$1.log" 2>/dev/null | grep -E '^train:|^trained|^holdout|rror' | tail -n 1 | cut -c1-200
 }
@@ -97,8 +112,7 @@ PY
   finish)
     name=$2 label=$3 prompts=${4:-10} tokens=${5:-512}
     out="$OUT/$name" records="$WORK/records/$name"; mkdir -p "$out" "$records"
-    python3 -m eyas export "$WORK/runs/$name" --out "$WORK/drafts/$name" --dtype bf16 --force > "$LOGS/export-$name.log" 2>&1 \
-      && python3 -m eyas check "$WORK/drafts/$name" >> "$LOGS/export-$name.log" 2>&1 || { echo "export/check failed"; tail -5 "$LOGS/export-$name.log"; exit 1; }
+    export_draft "$name" || exit 1
     # the drafter is packed first: whatever the benches below leave undone, it comes back
     tar -C "$WORK/drafts" -cf - "$name" | gzip -1 > "$out/draft.tar.gz"
     (cd "$out" && sha256sum draft.tar.gz) | tee "$records/draft.sha256"
@@ -108,14 +122,11 @@ PY
                "trees|mt-bench|${TREES:-tree:48,6,8;tree:80,8,10;tree:100,10,10;tree:128,12,12}|0" \
                "t1|mt-bench,humaneval,sharegpt-holdout|chain:5,tree:60,7,10|1"; do
       IFS='|' read -r tag datasets modes temperature <<< "$run"
-      python3 -m eyas bench --target "$TARGET" --draft "$WORK/drafts/$name" --data "$WORK/data/$label" \
-        --out "$WORK/bench/$name-$tag" --dataset "$datasets" --mode "$modes" --prompts "$prompts" \
-        --max-new-tokens "$tokens" --temperature "$temperature" ${BENCH_FLAGS:-} --force > "$LOGS/bench-$name-$tag.log" 2>&1
-      echo "bench $tag rc=$?"
+      # shellcheck disable=SC2086  # BENCH_FLAGS: several words
+      bench_draft "$name" "$tag" "$datasets" "$modes" "$temperature" "$prompts" "$tokens" --data "$WORK/data/$label" ${BENCH_FLAGS:-}
       cp "$WORK/bench/$name-$tag/report.json" "$records/report-$tag.json" 2>/dev/null
       cp "$WORK/bench/$name-$tag/report.md" "$records/report-$tag.md" 2>/dev/null
       tr '\r' '\n' < "$LOGS/bench-$name-$tag.log" | grep -v 'it/s\]' > "$records/bench-$tag.log"
-      sed -n '/^| dataset/,/^$/p' "$WORK/bench/$name-$tag/report.md"
       # the small files travel as one (8 files come back per call), remade after each bench
       cp "$WORK/runs/$name/metrics.jsonl" "$records/" 2>/dev/null
       for log in train export; do tr '\r' '\n' < "$LOGS/$log-$name.log" | grep -v 'it/s\]' > "$records/$log.log"; done
@@ -127,19 +138,13 @@ PY
     shift; holdouts=()
     for pair in "$@"; do holdouts+=("${pair%%=*}=$WORK/data/${pair#*=}"); done
     mkdir -p "$OUT/compare"; drafts=()
-    for name in "${names[@]}"; do
-      python3 -m eyas export "$WORK/runs/$name" --out "$WORK/drafts/$name" --dtype bf16 --force > "$LOGS/export-$name.log" 2>&1 \
-        || { echo "$name: export failed"; tail -3 "$LOGS/export-$name.log"; continue; }
-      drafts+=("$WORK/drafts/$name")
-    done
+    for name in "${names[@]}"; do export_draft "$name" && drafts+=("$WORK/drafts/$name"); done
     python3 benchmarks/holdout_tau.py --target "$TARGET" --draft "${drafts[@]}" --data "${holdouts[@]}" \
       --out "$OUT/compare/holdout_tau.json" 2>&1 | grep 'τ'
-    for name in "${names[@]}"; do
-      python3 -m eyas bench --target "$TARGET" --draft "$WORK/drafts/$name" --out "$WORK/bench/$name-mtbench" \
-        --dataset mt-bench --mode chain:5,tree:60,7,10 --prompts "${BENCH_PROMPTS:-10}" \
-        --max-new-tokens "${BENCH_TOKENS:-512}" --temperature 0 --force > "$LOGS/bench-$name-mtbench.log" 2>&1
+    for draft in "${drafts[@]}"; do
+      name=$(basename "$draft")
+      bench_draft "$name" mtbench mt-bench chain:5,tree:60,7,10 0 "${BENCH_PROMPTS:-10}" "${BENCH_TOKENS:-512}"
       cp "$WORK/bench/$name-mtbench/report.json" "$OUT/compare/bench-$name.json" 2>/dev/null
-      echo "$name:"; sed -n '/^| dataset/,/^$/p' "$WORK/bench/$name-mtbench/report.md"
     done ;;
   evals)
     shift
