@@ -27,7 +27,8 @@
 #       a sweep's table: export each run in bf16 (no pack), score every one on the same holdouts
 #       (benchmarks/holdout_tau.py: simulated τ, e.g. t0=<T = 0 label> t08=<T = 0.8 label>) and bench each on
 #       MT-bench (tree:60,7,10 and chain:5, T = 0, 10 prompts × 512 tokens; BENCH_PROMPTS, BENCH_TOKENS); $OUT/compare
-#       gets holdout_tau.json and one bench report per run.
+#       gets holdout_tau.json and one bench report per run; PARALLEL=1 runs the benches at once (τ only: their tokens/s
+#       then share the GPU).
 #   benchmarks/release_h200.sh evals NAME [NAME ...]
 #       each run's last holdout evaluation (simulated τ, first answers' first 128 tokens, acceptance) as one table.
 #
@@ -143,9 +144,14 @@ PY
       --out "$OUT/compare/holdout_tau.json" 2>&1 | grep 'τ'
     for draft in "${drafts[@]}"; do
       name=$(basename "$draft")
-      bench_draft "$name" mtbench mt-bench chain:5,tree:60,7,10 0 "${BENCH_PROMPTS:-10}" "${BENCH_TOKENS:-512}"
-      cp "$WORK/bench/$name-mtbench/report.json" "$OUT/compare/bench-$name.json" 2>/dev/null
-    done ;;
+      bench() {
+        bench_draft "$name" mtbench mt-bench chain:5,tree:60,7,10 0 "${BENCH_PROMPTS:-10}" "${BENCH_TOKENS:-512}"
+        cp "$WORK/bench/$name-mtbench/report.json" "$OUT/compare/bench-$name.json" 2>/dev/null
+      }
+      # PARALLEL=1: every bench at once on the one GPU (their τ hold; their tokens/s then are not a speed figure)
+      if [ "${PARALLEL:-0}" = 1 ]; then bench & else bench; fi
+    done
+    wait ;;
   evals)
     shift
     python3 - "$WORK/runs" "$@" <<'PY'
