@@ -103,11 +103,16 @@ def test_scripted_generator_regenerates_every_kind_of_conversation(tmp_path):
     assert sorted(journaled, key=lambda c: c.id) == sorted(result, key=lambda c: c.id)
 
 
-def test_failed_and_empty_answers_fail_their_conversation_only_and_are_not_journaled(tmp_path):
+def test_failed_and_empty_answers_fail_their_conversation_only_and_are_not_journaled(tmp_path, caplog):
     source = [conv("ok", ("user", "fine")), conv("bad", ("user", "a"), ("assistant", "x"), ("user", "FAIL now")),
               conv("empty", ("user", "EMPTY please"))]
     journal = tmp_path / "j.jsonl"
-    result, stats = regenerate(source, journal, Scripted(), RegenerationOptions(), progress=False)
+    with caplog.at_level("WARNING", logger="eyas.data.regenerate"):
+        result, stats = regenerate(source, journal, Scripted(), RegenerationOptions(), progress=False)
+    # each failure is said when it happens (a run killed before its report still tells why)
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        "conversation bad failed (not journaled; a rerun retries it): turn 3: scripted failure",
+        "conversation empty failed (not journaled; a rerun retries it): turn 1: empty answer"]
     assert [c.id for c in result] == ["ok"]
     assert stats.conversations_failed == 2 and len(stats.failures) == 2
     assert sorted(stats.failures) == ["bad: turn 3: scripted failure", "empty: turn 1: empty answer"]

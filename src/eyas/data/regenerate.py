@@ -9,6 +9,7 @@ so a run killed at any moment resumes where it stopped and ends with each conver
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +21,8 @@ from eyas.data.conversation import Conversation, Turn
 from eyas.data.generators import Answer, GenerationError, HFGenerator, OpenAIServerGenerator, TurnGenerator
 from eyas.data.options import RegenerationOptions
 from eyas.errors import EyasError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Answer",
@@ -99,8 +102,10 @@ def regenerate(
 
             def on_failed(conversation: Conversation, reason: str) -> None:
                 stats.conversations_failed += 1
-                if len(stats.failures) < MAX_FAILURES_KEPT:
+                if len(stats.failures) < MAX_FAILURES_KEPT:  # said at once: a run killed later still told why
                     stats.failures.append(f"{conversation.id}: {reason}")
+                    log.warning("conversation %s failed (not journaled; a rerun retries it): %s", conversation.id,
+                                reason)
                 advance(stats)
 
             # In-process, a chunk spans several batches so that the later (fewer) turns still fill batches.
