@@ -2,7 +2,8 @@
 
     python benchmarks/make_release.py DRAFT_DIR --name NAME --bench REPORT [--bench REPORT ...]
         --metrics METRICS_JSONL --data 'what it was trained on' --command 'the training command'
-        --commit COMMIT --machine 'one H200' --date 2026-12-04 [--notes 'one paragraph'] [--releases releases]
+        --commit COMMIT --machine 'one H200' --date 2026-12-04 [--holdout-tau holdout_tau.json] [--notes 'one paragraph']
+        [--releases releases]
 
 DRAFT_DIR is what ``eyas export --dtype bf16`` wrote (config.json, model.safetensors, README.md, manifest.json). The
 release is releases/NAME/ with the same files: config.json, model.safetensors and manifest.json as exported, README.md
@@ -55,7 +56,7 @@ def tau_table(report: dict) -> str:
 
 
 def card(name: str, config: dict, args: argparse.Namespace, evaluation: dict, step: int, tokens: int,
-         reports: list[dict]) -> str:
+         reports: list[dict], holdout_rows: list[dict] = ()) -> str:
     acceptance = ", ".join(f"{a:.3f}" for a in evaluation.get("acceptance_cumulative", []))
     speculative = json.dumps({"method": "eagle3", "model": f"releases/{name}", "num_speculative_tokens": 5})
     tables = "\n\n".join(tau_table(report) for report in reports)
@@ -65,6 +66,10 @@ def card(name: str, config: dict, args: argparse.Namespace, evaluation: dict, st
                f"{config['vocab_size']}, target layers {layers}")
     holdout = (f"τ {evaluation.get('tau', 0):.2f}; first 128 tokens of first answers "
                f"{evaluation.get('tau_answer_start', 0):.2f}; acceptance (cumulative) {acceptance}")
+    common = "".join(  # benchmarks/holdout_tau.py's rows: the same holdouts every sweep run was scored on
+        f"| holdout {row['holdout']} (simulated, `benchmarks/holdout_tau.py`, {row['positions']:,.0f} positions) | "
+        f"τ {row['tau']:.2f}; acceptance (cumulative) {', '.join(f'{a:.3f}' for a in row['acceptance_cumulative'])} |\n"
+        for row in holdout_rows)
     return f"""# {name}: an EAGLE-3 drafter for SmolLM2-135M-Instruct, trained by eyas
 
 The demo target's released drafter (`eyas --target demo`: SmolLM2-135M-Instruct, the GGUF of the PyPI package
@@ -78,7 +83,7 @@ load; `eyas check releases/{name}` checks it against that contract.
 | training | `{args.command}` |
 | trained | {step} steps, {tokens:,} tokens; commit {args.commit}; {args.machine}; {args.date} |
 | holdout (simulated, greedy chain) | {holdout} |
-{notes}
+{common}{notes}
 ## Measured
 
 {tables}
@@ -113,6 +118,7 @@ def main() -> None:
     parser.add_argument("--metrics", type=Path, required=True, help="the run's metrics.jsonl")
     for flag in ("--data", "--command", "--commit", "--machine", "--date"):
         parser.add_argument(flag, required=True)
+    parser.add_argument("--holdout-tau", type=Path, help="benchmarks/holdout_tau.py's --out JSON: rows for the card")
     parser.add_argument("--notes", default="")
     parser.add_argument("--releases", type=Path, default=Path(__file__).resolve().parent.parent / "releases")
     args = parser.parse_args()
@@ -131,7 +137,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in FILES:
         shutil.copyfile(args.draft / name, out / name)
-    text = card(args.name, config, args, evaluation, step, tokens, reports)
+    holdout_rows = json.loads(args.holdout_tau.read_text())["rows"] if args.holdout_tau else []
+    text = card(args.name, config, args, evaluation, step, tokens, reports, holdout_rows)
     (out / "README.md").write_text(text)
     manifest = json.loads((out / "manifest.json").read_text())
     for record in manifest.get("outputs", []):
