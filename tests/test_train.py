@@ -103,3 +103,50 @@ def test_learning_lowers_holdout_loss_and_lifts_step0_acceptance(setup, tmp_path
     assert last["loss"] < first["loss"]
     assert last["acceptance_cumulative"][0] > first["acceptance_cumulative"][0]
     assert last["tau"] == pytest.approx(1 + sum(last["acceptance_cumulative"]))
+
+
+def test_batches_are_rounded_to_a_multiple_of_64_tokens_within_the_budget_and_the_padding_changes_nothing(setup, tmp_path):
+    """Batch widths come in steps of SHAPE_MULTIPLE (a GPU builds attention graphs per shape); the extra padding sits
+    right of every real token, so a step's loss, tallies and gradients are those of the unrounded batch."""
+    import dataclasses
+
+    from eyas.train.data import SHAPE_MULTIPLE, OfflineSource, batch_width, plan_batches
+    from eyas.train.trainer import micro_batch, setup_training, training_autocast
+
+    lengths = [5, 64, 65, 130, 200, 17, 300, 63, 128]
+    for budget in (128, 256, 1024):
+        for batch in plan_batches(lengths, budget):
+            longest = max(lengths[i] for i in batch)
+            width = batch_width(longest)
+            assert width % SHAPE_MULTIPLE == 0 and longest <= width < longest + SHAPE_MULTIPLE
+            assert len(batch) == 1 or len(batch) * width <= budget  # the budget counts the rounded width
+    assert [batch_width(n) for n in (1, 64, 65, 128, 129)] == [64, 64, 128, 128, 192]
+
+    target, _, features = setup
+    source = OfflineSource(features, "train", 256, torch.device("cpu"), torch.float32)
+    for index in range(len(source.batches)):
+        batch = source.batch(index)
+        real = [int(n) for n in batch.valid.sum(1)]
+        assert batch.input_ids.shape[1] == batch_width(max(real)) and batch.aux.shape[1] == batch.input_ids.shape[1]
+
+    options = opts(target, tmp_path / "run", features=features)
+    parts = setup_training(options, torch.device("cpu"))
+    drafter, head, draft_ids = parts["drafter"], parts["head"], parts["draft_ids"]
+    weights = [options.step_decay**k for k in range(options.ttt_steps)]
+    batch = source.batch(0)
+    wider = dataclasses.replace(batch, **{name: torch.nn.functional.pad(getattr(batch, name), pad)
+                                          for name, pad in (("aux", (0, 0, 0, SHAPE_MULTIPLE)), ("final", (0, 0, 0, SHAPE_MULTIPLE)),
+                                                            ("input_ids", (0, SHAPE_MULTIPLE)), ("loss_mask", (0, SHAPE_MULTIPLE)),
+                                                            ("valid", (0, SHAPE_MULTIPLE)))})
+    results = []
+    for one in (batch, wider):
+        drafter.zero_grad(set_to_none=True)
+        tallies = tuple(torch.zeros(options.ttt_steps) for _ in range(3))
+        tokens = micro_batch(drafter, one, head, draft_ids, options, weights, training_autocast(torch.device("cpu")), tallies)
+        results.append((tokens, tallies, {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}))
+    (tokens, tallies, grads), (tokens_w, tallies_w, grads_w) = results
+    assert tokens == tokens_w and grads.keys() == grads_w.keys() and grads
+    for a, b in zip(tallies, tallies_w, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_w[name], rtol=1e-4, atol=1e-6)

@@ -49,17 +49,21 @@ def read_samples(path: Path) -> list[Sample]:
     ]
 
 
-def pad_right(rows: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
-    """Stack 1-D rows into [B, longest], zero-padded on the right (the padding side capture requires)."""
+def pad_right(rows: list[np.ndarray], dtype: torch.dtype, width: int | None = None) -> torch.Tensor:
+    """Stack 1-D rows into [B, width] (default: the longest row), zero-padded on the right (the padding side capture
+    requires)."""
     longest = max(len(r) for r in rows)
-    out = torch.zeros(len(rows), longest, dtype=dtype)
+    if width is not None and width < longest:
+        raise ValueError(f"width {width} is shorter than the longest row ({longest})")
+    out = torch.zeros(len(rows), width or longest, dtype=dtype)
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
     return out
 
 
-def batch_inputs(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A right-padded forward batch of samples: (input_ids long [B, T], attention_mask long [B, T])."""
-    ids = pad_right([s.input_ids for s in samples], torch.long)
-    mask = pad_right([np.ones(len(s.input_ids), dtype=np.int64) for s in samples], torch.long)
+def batch_inputs(samples: list[Sample], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A right-padded forward batch of samples: (input_ids long [B, T], attention_mask long [B, T]); T = ``width``
+    (default: the longest sample)."""
+    ids = pad_right([s.input_ids for s in samples], torch.long, width)
+    mask = pad_right([np.ones(len(s.input_ids), dtype=np.int64) for s in samples], torch.long, width)
     return ids, mask

@@ -1,7 +1,8 @@
 """Training batches, offline (from FEATURES_DIR) or online (the target computes them on the fly).
 
 Both sources cut the same samples into the same batches — length-sorted, packed to a token budget
-(padding counted), each sample its own row so no sample attends to another — and both yield
+(padding counted), each sample its own row so no sample attends to another, every batch as wide as its longest
+row rounded up to a multiple of ``SHAPE_MULTIPLE`` (:func:`batch_width`) — and both yield
 the same tensors: ``aux`` [B, T, k·Ht], ``final`` [B, T, Ht], ``input_ids``, ``loss_mask``, ``valid``
 [B, T]. The order of batches is a permutation fixed by (seed, epoch), so a resumed run sees
 exactly the batches an uninterrupted one would.
@@ -37,9 +38,25 @@ class Batch:
         return self.count if self.count is not None else int(self.valid.sum())
 
 
+# Batch widths come in steps of this many tokens. Every new [rows, width] costs a GPU run more than its arithmetic:
+# cuDNN's attention builds (and caches) an execution graph per shape, forward and backward, for each TTT step — tens to
+# hundreds of milliseconds each (pytorch/pytorch#155958; sgl-project/sglang#4650 measured ~400 ms). Unrounded, a
+# 16 k-conversation set cut at 32,768 tokens makes 562 shapes of 929 batches, nearly every epoch-one batch a new
+# one; rounded to 64 tokens, 78 shapes for 2.1 % more padding. Padding is right of every real token, outside the loss
+# and the attention's reach (each row attends causally to itself), so it changes no result.
+SHAPE_MULTIPLE = 64
+
+
+def batch_width(longest: int) -> int:
+    """The width of a batch whose longest row has ``longest`` tokens: rounded up to a multiple of SHAPE_MULTIPLE."""
+    return -(-longest // SHAPE_MULTIPLE) * SHAPE_MULTIPLE
+
+
 def plan_batches(lengths: list[int], token_budget: int, max_batch: int = 64) -> list[tuple[int, ...]]:
-    """Length-sorted batches of sample positions within the token budget (the capture plan's rule)."""
-    return [batch for shard in plan_shards(lengths, token_budget, max_batch, 1 << 62) for batch in shard.batches]
+    """Length-sorted batches of sample positions within the token budget, each row counted at its batch's width (the
+    capture plan's rule over the rounded lengths)."""
+    widths = [batch_width(n) for n in lengths]
+    return [batch for shard in plan_shards(widths, token_budget, max_batch, 1 << 62) for batch in shard.batches]
 
 
 def epoch_order(batches: int, seed: int, epoch: int) -> list[int]:
@@ -48,9 +65,8 @@ def epoch_order(batches: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(batches, generator=generator).tolist()
 
 
-def _pad_states(rows: list[torch.Tensor], pin: bool = False) -> torch.Tensor:
-    longest = max(r.shape[0] for r in rows)
-    out = torch.zeros(len(rows), longest, rows[0].shape[-1], dtype=rows[0].dtype, pin_memory=pin)
+def _pad_states(rows: list[torch.Tensor], width: int, pin: bool = False) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, rows[0].shape[-1], dtype=rows[0].dtype, pin_memory=pin)
     for i, row in enumerate(rows):
         out[i, : row.shape[0]] = row
     return out
@@ -84,10 +100,12 @@ class OfflineSource:
         of loading a :class:`Prefetcher` runs on its thread while the GPU trains."""
         items = [self.store.stored(i) for i in self.batches[index]]
         pin = self.device.type == "cuda"
-        host = {name: _pad_states([x[name] for x in items], pin) for name in items[0] if name not in ("id", "input_ids", "loss_mask")}
-        host["input_ids"] = _pin(pad_right([x["input_ids"].numpy() for x in items], torch.long), pin)
-        host["loss_mask"] = _pin(pad_right([x["loss_mask"].numpy() for x in items], torch.uint8), pin)
-        host["valid"] = _pin(pad_right([np.ones(len(x["input_ids"]), dtype=bool) for x in items], torch.bool), pin)
+        width = batch_width(max(len(x["input_ids"]) for x in items))
+        host = {name: _pad_states([x[name] for x in items], width, pin)
+                for name in items[0] if name not in ("id", "input_ids", "loss_mask")}
+        host["input_ids"] = _pin(pad_right([x["input_ids"].numpy() for x in items], torch.long, width), pin)
+        host["loss_mask"] = _pin(pad_right([x["loss_mask"].numpy() for x in items], torch.uint8, width), pin)
+        host["valid"] = _pin(pad_right([np.ones(len(x["input_ids"]), dtype=bool) for x in items], torch.bool, width), pin)
         return host
 
     def to_device(self, host: dict[str, torch.Tensor]) -> Batch:
@@ -147,7 +165,8 @@ class OnlineSource:
         from eyas.target import capture_hidden_states
 
         rows = [self.samples[i] for i in self.batches[index]]
-        input_ids, mask = batch_inputs(rows)
+        width = batch_width(max(len(r.input_ids) for r in rows))
+        input_ids, mask = batch_inputs(rows, width)
         valid = mask.bool()
         captured = capture_hidden_states(self.target.model, self.target.layout, input_ids, attention_mask=mask,
                                          layer_ids=self.layer_ids, offload=False)
@@ -155,7 +174,7 @@ class OnlineSource:
             aux=captured.aux.to(self.device, self.dtype),
             final=captured.final.to(self.device, self.dtype),
             input_ids=input_ids.to(self.device),
-            loss_mask=pad_right([r.loss_mask for r in rows], torch.uint8).to(self.device),
+            loss_mask=pad_right([r.loss_mask for r in rows], torch.uint8, width).to(self.device),
             valid=valid.to(self.device),
             count=int(valid.sum()),
         )
