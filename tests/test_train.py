@@ -105,39 +105,43 @@ def test_learning_lowers_holdout_loss_and_lifts_step0_acceptance(setup, tmp_path
     assert last["tau"] == pytest.approx(1 + sum(last["acceptance_cumulative"]))
 
 
-def test_batches_are_rounded_to_a_multiple_of_64_tokens_within_the_budget_and_the_padding_changes_nothing(setup, tmp_path):
-    """Batch widths come in steps of SHAPE_MULTIPLE (a GPU builds attention graphs per shape); the extra padding sits
-    right of every real token, so a step's loss, tallies and gradients are those of the unrounded batch."""
+def test_batches_are_rounded_to_a_multiple_of_64_tokens_on_a_gpu_within_the_budget_and_the_padding_changes_nothing(
+        setup, tmp_path):
+    """On CUDA batch widths come in steps of SHAPE_MULTIPLE (attention graphs are built per shape); the extra padding
+    sits right of every real token, so a step's loss, tallies and gradients are those of the unrounded batch."""
     import dataclasses
 
-    from eyas.train.data import SHAPE_MULTIPLE, OfflineSource, batch_width, plan_batches
+    from eyas.train.data import SHAPE_MULTIPLE, OfflineSource, batch_width, plan_batches, width_multiple
     from eyas.train.trainer import micro_batch, setup_training, training_autocast
 
+    assert (width_multiple("cuda"), width_multiple("cpu")) == (SHAPE_MULTIPLE, 1) and SHAPE_MULTIPLE == 64
     lengths = [5, 64, 65, 130, 200, 17, 300, 63, 128]
     for budget in (128, 256, 1024):
-        for batch in plan_batches(lengths, budget):
+        for batch in plan_batches(lengths, budget, 64):
             longest = max(lengths[i] for i in batch)
-            width = batch_width(longest)
-            assert width % SHAPE_MULTIPLE == 0 and longest <= width < longest + SHAPE_MULTIPLE
+            width = batch_width(longest, 64)
+            assert width % 64 == 0 and longest <= width < longest + 64
             assert len(batch) == 1 or len(batch) * width <= budget  # the budget counts the rounded width
-    assert [batch_width(n) for n in (1, 64, 65, 128, 129)] == [64, 64, 128, 128, 192]
+    assert [batch_width(n, 64) for n in (1, 64, 65, 128, 129)] == [64, 64, 128, 128, 192]
+    assert plan_batches(lengths, 256, 1) != plan_batches(lengths, 256, 64)  # the plan counts the rounded widths
 
     target, _, features = setup
-    source = OfflineSource(features, "train", 256, torch.device("cpu"), torch.float32)
-    for index in range(len(source.batches)):
-        batch = source.batch(index)
-        real = [int(n) for n in batch.valid.sum(1)]
-        assert batch.input_ids.shape[1] == batch_width(max(real)) and batch.aux.shape[1] == batch.input_ids.shape[1]
+    rounded = OfflineSource(features, "train", 256, torch.device("cpu"), torch.float32, multiple=64)
+    plain = OfflineSource(features, "train", 256, torch.device("cpu"), torch.float32)  # the CPU's own: unrounded
+    for source, multiple in ((rounded, 64), (plain, 1)):
+        for index in range(len(source.batches)):
+            batch = source.batch(index)
+            real = [int(n) for n in batch.valid.sum(1)]
+            assert batch.input_ids.shape[1] == batch_width(max(real), multiple) == batch.aux.shape[1]
 
     options = opts(target, tmp_path / "run", features=features)
     parts = setup_training(options, torch.device("cpu"))
     drafter, head, draft_ids = parts["drafter"], parts["head"], parts["draft_ids"]
     weights = [options.step_decay**k for k in range(options.ttt_steps)]
-    batch = source.batch(0)
+    batch = plain.batch(0)
+    pads = {"aux": (0, 0, 0, 64), "final": (0, 0, 0, 64), "input_ids": (0, 64), "loss_mask": (0, 64), "valid": (0, 64)}
     wider = dataclasses.replace(batch, **{name: torch.nn.functional.pad(getattr(batch, name), pad)
-                                          for name, pad in (("aux", (0, 0, 0, SHAPE_MULTIPLE)), ("final", (0, 0, 0, SHAPE_MULTIPLE)),
-                                                            ("input_ids", (0, SHAPE_MULTIPLE)), ("loss_mask", (0, SHAPE_MULTIPLE)),
-                                                            ("valid", (0, SHAPE_MULTIPLE)))})
+                                          for name, pad in pads.items()})
     results = []
     for one in (batch, wider):
         drafter.zero_grad(set_to_none=True)

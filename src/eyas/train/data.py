@@ -2,7 +2,7 @@
 
 Both sources cut the same samples into the same batches — length-sorted, packed to a token budget
 (padding counted), each sample its own row so no sample attends to another, every batch as wide as its longest
-row rounded up to a multiple of ``SHAPE_MULTIPLE`` (:func:`batch_width`) — and both yield
+row rounded up, on a GPU, to a multiple of ``SHAPE_MULTIPLE`` (:func:`batch_width`) — and both yield
 the same tensors: ``aux`` [B, T, k·Ht], ``final`` [B, T, Ht], ``input_ids``, ``loss_mask``, ``valid``
 [B, T]. The order of batches is a permutation fixed by (seed, epoch), so a resumed run sees
 exactly the batches an uninterrupted one would.
@@ -38,24 +38,30 @@ class Batch:
         return self.count if self.count is not None else int(self.valid.sum())
 
 
-# Batch widths come in steps of this many tokens. Every new [rows, width] costs a GPU run more than its arithmetic:
-# cuDNN's attention builds (and caches) an execution graph per shape, forward and backward, for each TTT step — tens to
-# hundreds of milliseconds each (pytorch/pytorch#155958; sgl-project/sglang#4650 measured ~400 ms). Unrounded, a
-# 16 k-conversation set cut at 32,768 tokens makes 562 shapes of 929 batches, nearly every epoch-one batch a new
-# one; rounded to 64 tokens, 78 shapes for 2.1 % more padding. Padding is right of every real token, outside the loss
-# and the attention's reach (each row attends causally to itself), so it changes no result.
+# On a GPU, batch widths come in steps of this many tokens. Every new [rows, width] costs a GPU run more than its
+# arithmetic: cuDNN's attention builds (and caches) an execution graph per shape, forward and backward, for each TTT
+# step — tens to hundreds of milliseconds each (pytorch/pytorch#155958; sgl-project/sglang#4650 measured ~400 ms).
+# Unrounded, a 16 k-conversation set cut at 32,768 tokens makes 562 shapes of 929 batches, nearly every epoch-one
+# batch a new one; rounded to 64 tokens, 78 shapes for 2.1 % more padding. Padding is right of every real token,
+# outside the loss and the attention's reach (each row attends causally to itself), so it changes no result. The CPU
+# builds nothing per shape: there the padding would only cost, so widths are not rounded.
 SHAPE_MULTIPLE = 64
 
 
-def batch_width(longest: int) -> int:
-    """The width of a batch whose longest row has ``longest`` tokens: rounded up to a multiple of SHAPE_MULTIPLE."""
-    return -(-longest // SHAPE_MULTIPLE) * SHAPE_MULTIPLE
+def width_multiple(device: torch.device | str) -> int:
+    """What batch widths are rounded to when training on ``device``: SHAPE_MULTIPLE on CUDA, 1 elsewhere."""
+    return SHAPE_MULTIPLE if torch.device(device).type == "cuda" else 1
 
 
-def plan_batches(lengths: list[int], token_budget: int, max_batch: int = 64) -> list[tuple[int, ...]]:
-    """Length-sorted batches of sample positions within the token budget, each row counted at its batch's width (the
-    capture plan's rule over the rounded lengths)."""
-    widths = [batch_width(n) for n in lengths]
+def batch_width(longest: int, multiple: int) -> int:
+    """The width of a batch whose longest row has ``longest`` tokens: rounded up to a multiple of ``multiple``."""
+    return -(-longest // multiple) * multiple
+
+
+def plan_batches(lengths: list[int], token_budget: int, multiple: int = 1, max_batch: int = 64) -> list[tuple[int, ...]]:
+    """Length-sorted batches of sample positions within the token budget, each row counted at its batch's width
+    (rounded up to ``multiple``; the capture plan's rule over the rounded lengths)."""
+    widths = [batch_width(n, multiple) for n in lengths]
     return [batch for shard in plan_shards(widths, token_budget, max_batch, 1 << 62) for batch in shard.batches]
 
 
@@ -79,17 +85,20 @@ def _pin(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
 class OfflineSource:
     """Batches read from a feature store (memory-mapped shards)."""
 
-    def __init__(self, features: Path, split: str, token_budget: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, features: Path, split: str, token_budget: int, device: torch.device, dtype: torch.dtype,
+                 multiple: int | None = None):
         from eyas.store.reader import FeatureStore
 
         self.store = FeatureStore(features, split, dtype=dtype)
         self.device, self.dtype = device, dtype
+        self.multiple = width_multiple(device) if multiple is None else multiple
         ids = self.store.sample_ids
         lengths = self.store.lengths
         # Canonical order (by sample id) before planning: the online source plans the same batches.
         canonical = sorted(range(len(ids)), key=ids.__getitem__)
         self.ids = [ids[i] for i in canonical]
-        self.batches = [tuple(canonical[j] for j in batch) for batch in plan_batches([lengths[i] for i in canonical], token_budget)]
+        plan = plan_batches([lengths[i] for i in canonical], token_budget, self.multiple)
+        self.batches = [tuple(canonical[j] for j in batch) for batch in plan]
 
     def batch(self, index: int) -> Batch:
         """Batch ``index`` of the plan."""
@@ -100,7 +109,7 @@ class OfflineSource:
         of loading a :class:`Prefetcher` runs on its thread while the GPU trains."""
         items = [self.store.stored(i) for i in self.batches[index]]
         pin = self.device.type == "cuda"
-        width = batch_width(max(len(x["input_ids"]) for x in items))
+        width = batch_width(max(len(x["input_ids"]) for x in items), self.multiple)
         host = {name: _pad_states([x[name] for x in items], width, pin)
                 for name in items[0] if name not in ("id", "input_ids", "loss_mask")}
         host["input_ids"] = _pin(pad_right([x["input_ids"].numpy() for x in items], torch.long, width), pin)
@@ -151,21 +160,23 @@ class Prefetcher:
 class OnlineSource:
     """Batches whose target states are captured now, in this process: nothing touches the disk."""
 
-    def __init__(self, target, data_dir: Path, split: str, layer_ids, token_budget: int, device, dtype):
+    def __init__(self, target, data_dir: Path, split: str, layer_ids, token_budget: int, device, dtype,
+                 multiple: int | None = None):
         from eyas.data.samples import read_samples
 
         self.target, self.layer_ids = target, tuple(layer_ids)
         self.samples = sorted(read_samples(Path(data_dir) / f"{split}.parquet"), key=lambda s: s.id)  # canonical order
         self.ids = [s.id for s in self.samples]
         self.device, self.dtype = device, dtype
-        self.batches = plan_batches([len(s.input_ids) for s in self.samples], token_budget)
+        self.multiple = width_multiple(device) if multiple is None else multiple
+        self.batches = plan_batches([len(s.input_ids) for s in self.samples], token_budget, self.multiple)
 
     def batch(self, index: int) -> Batch:
         """Batch ``index`` of the plan, with states captured by the live target."""
         from eyas.target import capture_hidden_states
 
         rows = [self.samples[i] for i in self.batches[index]]
-        width = batch_width(max(len(r.input_ids) for r in rows))
+        width = batch_width(max(len(r.input_ids) for r in rows), self.multiple)
         input_ids, mask = batch_inputs(rows, width)
         valid = mask.bool()
         captured = capture_hidden_states(self.target.model, self.target.layout, input_ids, attention_mask=mask,

@@ -1,0 +1,107 @@
+"""Training tokens/s with batch widths rounded to a multiple of 64 tokens (eyas.train.data.batch_width) against
+unrounded widths, the same data, one process per variant (each starts with empty per-shape caches: cuDNN's attention
+graphs, compiled kernels), in one call.
+
+    python benchmarks/train_shapes_gpu.py --target ~/stage/smollm2.gguf --data DATA_DIR [--steps 100]
+        [--token-budget 16384] [--ttt-steps 7] [--multiples 64,1] [--out results.json]
+
+Each variant builds what ``eyas train --online`` builds (``setup_training``: the target, the drafter, the teacher),
+plans its batches with its own multiple, warms up on a few batches from the end of the first epoch's order, then
+times ``--steps`` optimizer steps over the first batches of that order (``micro_batch`` + clip + AdamW, the trainer's
+step), synchronised at both ends: a first epoch, where nearly every unrounded batch has a shape not seen before.
+Prints tokens/s (real tokens, padding not counted) per variant and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def run_variant(args: argparse.Namespace) -> dict:
+    import eyas.train.data as data
+    from eyas.train.data import epoch_order
+    from eyas.train.options import TrainOptions
+    from eyas.train.trainer import micro_batch, setup_training, training_autocast
+
+    data.SHAPE_MULTIPLE = args.multiple  # width_multiple reads it when the sources are built (on CUDA)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    options = TrainOptions(target=args.target, out=Path("/tmp/eyas-train-shapes"), data=args.data, online=True,
+                           token_budget=args.token_budget, ttt_steps=args.ttt_steps)
+    setup = setup_training(options, device)
+    drafter, source, head, draft_ids = setup["drafter"], setup["source"], setup["head"], setup["draft_ids"]
+    optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas)
+    weights = [options.step_decay**k for k in range(options.ttt_steps)]
+    autocast = training_autocast(device)
+    order = epoch_order(len(source.batches), options.seed, 0)
+    if len(order) < args.steps + args.warmup:
+        raise SystemExit(f"{args.data}: {len(order)} batches, fewer than --steps {args.steps} + --warmup {args.warmup}")
+
+    def step(index: int) -> int:
+        tallies = tuple(torch.zeros(options.ttt_steps, device=device) for _ in range(3))
+        tokens = micro_batch(drafter, source.batch(index), head, draft_ids, options, weights, autocast, tallies)
+        torch.nn.utils.clip_grad_norm_(drafter.trainable_parameters(), options.clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return tokens
+
+    for index in order[-args.warmup:]:  # the loss's compile, cuBLAS and the allocator warm up on other batches
+        step(index)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started, tokens = time.perf_counter(), 0
+    for index in order[: args.steps]:
+        tokens += step(index)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    shapes = len({(len(source.batches[i]), data.batch_width(max(len(source.samples[j].input_ids)
+                                                                      for j in source.batches[i]), source.multiple))
+                  for i in order[: args.steps]})
+    result = {"multiple": args.multiple, "steps": args.steps, "tokens": tokens, "seconds": seconds,
+              "tokens_per_s": tokens / seconds, "distinct_shapes": shapes, "device": str(device),
+              "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else None}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--data", type=Path, required=True, help="DATA_DIR (eyas prepare)")
+    parser.add_argument("--steps", type=int, default=100, help="timed optimizer steps per variant")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first, on other batches")
+    parser.add_argument("--token-budget", type=int, default=16384)
+    parser.add_argument("--ttt-steps", type=int, default=7)
+    parser.add_argument("--multiples", default="64,1", help="the variants: batch widths rounded to these")
+    parser.add_argument("--multiple", type=int, help=argparse.SUPPRESS)  # one variant, in a process of its own
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if args.multiple is not None:
+        print(json.dumps(run_variant(args)))
+        return
+    rows = []
+    for multiple in (int(m) for m in args.multiples.split(",")):
+        command = [sys.executable, __file__, "--target", args.target, "--data", str(args.data), "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--token-budget", str(args.token_budget), "--ttt-steps",
+                   str(args.ttt_steps), "--multiple", str(multiple)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"variant {multiple} failed:\n{done.stderr[-3000:]}")
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"multiple {multiple:>3}: {r['tokens_per_s']:>10,.0f} tokens/s ({r['tokens']:,} tokens in {r['seconds']:.1f} s, "
+              f"{r['distinct_shapes']} shapes in {r['steps']} batches)", flush=True)
+    for r in rows[1:]:
+        print(f"multiple {rows[0]['multiple']} vs {r['multiple']}: {rows[0]['tokens_per_s'] / r['tokens_per_s']:.2f}×")
+    if args.out:
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
