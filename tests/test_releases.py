@@ -47,3 +47,24 @@ def test_released_journals_are_complete_regeneration_journals():
         for conversation in conversations.values():
             answers = [t for t in conversation.turns if t.role == "assistant"]
             assert answers and all(t.regenerated and t.content.strip() for t in answers), conversation.id
+
+
+def test_every_released_drafter_passes_eyas_check(tmp_path):
+    """Each drafter the manifest lists (a folder with a config.json) is as released and passes `eyas check`, the
+    export contract vLLM and SGLang load by. A broken one is caught: the same check fails a copy with its config
+    altered."""
+    import json
+
+    from eyas.export.check import check_draft_dir
+
+    drafters = sorted({name.rsplit("/", 1)[0] for name in read_manifest() if name.endswith("/config.json")})
+    for folder in drafters:
+        assert release_problems(RELEASES / folder) == [], folder
+        result = check_draft_dir(RELEASES / folder)
+        assert result.ok, (folder, result.errors)
+        broken = tmp_path / folder
+        shutil.copytree(RELEASES / folder, broken)
+        config = json.loads((broken / "config.json").read_text())
+        config["hidden_size"] += 1
+        (broken / "config.json").write_text(json.dumps(config))
+        assert not check_draft_dir(broken).ok, folder
