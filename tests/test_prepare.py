@@ -75,6 +75,38 @@ def test_prepare_writes_a_complete_data_dir(tmp_path):
     assert [s.id for s in read_samples(out / "holdout.parquet")] == [s.id for s in holdout]
 
 
+def test_a_second_answer_set_of_a_conversation_falls_on_its_side_of_the_split(tmp_path):
+    """Two sources with the same ids and other answers (e.g. the same prompts regenerated at T = 0 and T = 0.8): both
+    samples of a conversation are kept, and both are held out or both trained on — a held-out prompt's second answer
+    in training would be a leak (the T = 0.8 holdout would be scored on training data)."""
+    from eyas.data.samples import conversation_of, repeated_id
+
+    first = write_dataset(tmp_path / "greedy.jsonl")
+    second = tmp_path / "sampled.jsonl"
+    rows = [json.loads(line) for line in first.read_text().splitlines()]
+    for row in rows:
+        for turn in row["conversations"]:
+            if turn["from"] == "gpt":
+                turn["value"] += " (sampled)"
+    second.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "data"
+    prepare(PrepareOptions(target="demo", data=[str(first), str(second)], out=out, holdout=0.25, draft_vocab_size=300,
+                           max_length=128))
+    train, holdout = read_samples(out / "train.parquet"), read_samples(out / "holdout.parquet")
+    assert len(train) + len(holdout) == 80  # 40 conversations × 2 answer sets ("dup" repeats c0 in both)
+    side = {}
+    for name, samples in (("train", train), ("holdout", holdout)):
+        for sample in samples:
+            side.setdefault(conversation_of(sample.id), set()).add(name)
+    assert len(side) == 40 and all(len(sides) == 1 for sides in side.values())
+    assert {"train"} in side.values() and {"holdout"} in side.values()
+    assert sum(s.id.endswith("#2") for s in train + holdout) == 40
+    from eyas.data.benchmarks import holdout_prompts  # the bench asks each held-out conversation's prompt once
+
+    assert len(holdout_prompts(out)) == sum(sides == {"holdout"} for sides in side.values()) == len(holdout) // 2
+    assert conversation_of(repeated_id("x#1", 2)) == "x#1" and conversation_of("c#2x") == "c#2x"
+
+
 def test_length_policy_drop_and_truncate(tmp_path):
     source = write_dataset(tmp_path / "chats.jsonl", n=5)
     drop = prepare(PrepareOptions(target="demo", data=[str(source)], out=tmp_path / "a", max_length=200, overflow="drop", holdout=0))

@@ -69,14 +69,20 @@ def prompt_part(sample) -> list[int] | None:
 
 
 def holdout_prompts(data_dir: Path | None) -> list[Prompt]:
-    """The prompt part (up to the first assistant token) of each held-out conversation."""
-    from eyas.data.samples import read_samples
+    """The prompt part (up to the first assistant token) of each held-out conversation, once per conversation (a
+    DATA_DIR with two answer sets per conversation holds its prompt twice)."""
+    from eyas.data.samples import conversation_of, read_samples
 
     path = Path(data_dir) / "holdout.parquet" if data_dir else None
     if path is None or not path.is_file():
         raise EyasError(f"{path or 'DATA_DIR/holdout.parquet'} is missing: sharegpt-holdout needs --data DATA_DIR "
                         "from `eyas prepare`")
-    return [Prompt("sharegpt-holdout", sample.id, ids) for sample in read_samples(path) if (ids := prompt_part(sample))]
+    prompts, seen = [], set()
+    for sample in read_samples(path):
+        if conversation_of(sample.id) not in seen and (ids := prompt_part(sample)):
+            seen.add(conversation_of(sample.id))
+            prompts.append(Prompt("sharegpt-holdout", sample.id, ids))
+    return prompts
 
 
 def training_openings(data_dir: Path) -> set[tuple[int, ...]]:

@@ -23,7 +23,7 @@ from eyas.data.options import PrepareOptions
 from eyas.data.readers import read_source
 from eyas.data.regenerate_workers import regenerate_in_dir
 from eyas.data.render import ChatRenderer, RenderError, read_chat_template
-from eyas.data.samples import Sample, write_samples
+from eyas.data.samples import Sample, conversation_of, repeated_id, write_samples
 from eyas.data.vocab import VOCAB_FILE, build_draft_vocab, count_masked_tokens, save_vocab
 from eyas.errors import EyasError
 from eyas.io import write_json_atomic
@@ -140,7 +140,7 @@ def _read_all(options: PrepareOptions, stats: PrepareStats) -> list[Conversation
             seen_content.add(digest)
             seen_ids[record.id] += 1
             if seen_ids[record.id] > 1:  # same id, other content (two sources): keep both, distinctly
-                record.id = f"{record.id}#{seen_ids[record.id]}"
+                record.id = repeated_id(record.id, seen_ids[record.id])
             kept.append(record)
             if options.limit is not None and len(kept) >= options.limit:
                 return kept
@@ -245,10 +245,11 @@ def _render_all(conversations: list[Conversation], renderer: ChatRenderer, optio
 
 
 def _split(samples: list[Sample], fraction: float) -> tuple[list[Sample], list[Sample]]:
-    """Deterministic: a sample is held out when the hash of its id falls below ``fraction``."""
+    """Deterministic: a sample is held out when the hash of its conversation's id falls below ``fraction``, so every
+    answer set of one conversation falls on the same side (a second answer to a held-out prompt never trains)."""
     train, holdout = [], []
     for sample in samples:
-        bucket = int.from_bytes(hashlib.sha256(sample.id.encode()).digest()[:8], "big") / 2**64
+        bucket = int.from_bytes(hashlib.sha256(conversation_of(sample.id).encode()).digest()[:8], "big") / 2**64
         (holdout if bucket < fraction else train).append(sample)
     return train, holdout
 

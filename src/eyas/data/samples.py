@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,20 @@ def read_samples(path: Path) -> list[Sample]:
     return [
         Sample(i, np.asarray(t, dtype=np.int32), np.asarray(m, dtype=np.uint8)) for i, t, m in zip(ids, tokens, masks, strict=True)
     ]
+
+
+_REPEAT = re.compile(r"#[0-9]+$")  # what repeated_id appends
+
+
+def repeated_id(conversation_id: str, n: int) -> str:
+    """The id of the ``n``-th (n ≥ 2) record that came with ``conversation_id`` and other content (e.g. the same
+    prompts answered again at another temperature, from a second journal)."""
+    return f"{conversation_id}#{n}"
+
+
+def conversation_of(sample_id: str) -> str:
+    """The conversation a sample id belongs to: the id without :func:`repeated_id`'s suffix."""
+    return _REPEAT.sub("", sample_id)
 
 
 def pad_right(rows: list[np.ndarray], dtype: torch.dtype, width: int | None = None) -> torch.Tensor:
