@@ -9,8 +9,9 @@ test against the target's greedy choices, the target run online).
   python3 benchmarks/holdout_tau.py --target ~/stage/smollm2.gguf --draft DRAFT_DIR [DRAFT_DIR ...] \
       --data t0=DATA_DIR [t08=DATA_DIR ...] [--steps 7] [--batches 50] [--out report.json]
 
-A holdout id also held out by every DATA_DIR prepared from the same conversations (prepare's split is a hash of the
-id), so no drafter trained on one of them has seen another's holdout.
+A held-out conversation is held out by every DATA_DIR prepared from the same conversations, with all of its answer
+sets (prepare's split is a hash of the conversation's id, eyas.data.samples.conversation_of, since 96dc29e), so no
+drafter trained on one of them has seen another's holdout.
 """
 
 from __future__ import annotations

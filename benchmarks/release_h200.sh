@@ -7,8 +7,8 @@
 #   benchmarks/release_h200.sh data LABEL COUNT JOURNAL [JOURNAL ...] [-- PREPARE_FLAGS]   (.jsonl.xz, .jsonl.gz, .jsonl)
 #       `eyas prepare` (as data, nothing generated) into $WORK/data/LABEL: COUNT conversations (all: every one) that
 #       every plain JOURNAL holds, chosen by a hash of their id (a fair sample, not the journal's shallow-first order),
-#       each with every journal's answers (T = 0 and T = 0.8 journals: two answers per prompt, one conversation id, so
-#       both fall on the same side of the holdout split). +JOURNAL: only its ids count (no answers from it, e.g. the
+#       each with every journal's answers (T = 0 and T = 0.8 journals: two answers per prompt of one conversation, which
+#       prepare keeps on one side of the holdout split since 96dc29e). +JOURNAL: only its ids count (no answers from it, e.g. the
 #       T = 0 answers of the conversations the T = 0.8 journal holds); ?JOURNAL: its answers where it has them (its
 #       ids do not restrict). E.g. t0-2k: 2048 T0 +T08; mix-10k: all T0 T08; mix-all: all T0 ?T08.
 #   benchmarks/release_h200.sh start NAME LABEL [TRAIN_FLAGS]

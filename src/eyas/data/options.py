@@ -48,7 +48,7 @@ class PrepareOptions(Options):
     max_length: int = option(2048, "longest sample in tokens", check=at_least(2))
     overflow: str = option("truncate", "what to do with longer samples: truncate or drop", flag="--on-overflow",
                            check=one_of("truncate", "drop"))
-    holdout: float = option(0.05, "fraction held out for evaluation (chosen by a hash of the sample id)",
+    holdout: float = option(0.05, "fraction held out for evaluation (chosen by a hash of the conversation id)",
                             check=within(0, 1, high_open=True))
     draft_vocab_size: int = option(32000, "draft vocabulary size Vd (identity when ≥ the target's vocabulary)",
                                    check=at_least(1))
