@@ -3,8 +3,9 @@
 Order of work: read every source (bad records become counted skips) → drop exact duplicates →
 optionally regenerate the assistant turns with the target → render with the chat template and
 mask the assistant tokens → apply the length policy → split train/holdout by a hash of the
-conversation's id (every answer set of a conversation on one side) → count masked tokens of the train split into the draft vocabulary → write the
-files atomically, ``manifest.json`` last (its presence means the directory is complete).
+conversation's id (every answer set of a conversation on one side) → count masked tokens of the
+train split into the draft vocabulary → write the files atomically, ``manifest.json`` last (its
+presence means the directory is complete).
 """
 
 from __future__ import annotations
