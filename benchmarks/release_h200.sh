@@ -81,6 +81,12 @@ bench_plan() {  # NAME LABEL PROMPTS TOKENS OUT RECORDS: the benches BENCHES nam
   done
 }
 
+score_holdouts() {  # OUT_JSON "NAME=LABEL ..." DRAFT...: benchmarks/holdout_tau.py, every drafter on every LABEL's holdout
+  local out_json=$1 pair pairs=(); shift
+  for pair in $1; do pairs+=("${pair%%=*}=$WORK/data/${pair#*=}"); done; shift
+  python3 benchmarks/holdout_tau.py --target "$TARGET" --draft "$@" --data "${pairs[@]}" --out "$out_json" 2>&1 | grep 'τ'
+}
+
 pack_records() {  # NAME OUT RECORDS: the small files travel as one archive (8 files come back per call), remade often
   local name=$1 out=$2 records=$3 log
   cp "$WORK/runs/$name/metrics.jsonl" "$records/" 2>/dev/null
@@ -150,9 +156,7 @@ PY
     split -b 15M "$out/draft.tar.gz" "$out/draft.tar.gz.part." && rm "$out/draft.tar.gz"
     pack_records "$name" "$out" "$records"
     if [ -n "${HOLDOUTS:-}" ]; then  # e.g. "t0=t0-all t08=t08-all": simulated τ on those DATA_DIRs' holdouts
-      pairs=(); for pair in $HOLDOUTS; do pairs+=("${pair%%=*}=$WORK/data/${pair#*=}"); done
-      python3 benchmarks/holdout_tau.py --target "$TARGET" --draft "$WORK/drafts/$name" --data "${pairs[@]}" \
-        --out "$records/holdout_tau.json" 2>&1 | grep 'τ'
+      score_holdouts "$records/holdout_tau.json" "$HOLDOUTS" "$WORK/drafts/$name"
       pack_records "$name" "$out" "$records"
     fi
     bench_plan "$name" "$label" "$prompts" "$tokens" "$out" "$records" ;;
@@ -165,12 +169,10 @@ PY
   compare)
     shift; names=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do names+=("$1"); shift; done
-    shift; holdouts=()
-    for pair in "$@"; do holdouts+=("${pair%%=*}=$WORK/data/${pair#*=}"); done
+    shift
     mkdir -p "$OUT/compare"; drafts=()
     for name in "${names[@]}"; do export_draft "$name" && drafts+=("$WORK/drafts/$name"); done
-    python3 benchmarks/holdout_tau.py --target "$TARGET" --draft "${drafts[@]}" --data "${holdouts[@]}" \
-      --out "$OUT/compare/holdout_tau.json" 2>&1 | grep 'τ'
+    score_holdouts "$OUT/compare/holdout_tau.json" "$*" "${drafts[@]}"
     for draft in "${drafts[@]}"; do
       name=$(basename "$draft")
       bench() {

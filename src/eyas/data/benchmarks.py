@@ -79,8 +79,8 @@ def holdout_prompts(data_dir: Path | None) -> list[Prompt]:
                         "from `eyas prepare`")
     prompts, seen = [], set()
     for sample in read_samples(path):
-        if conversation_of(sample.id) not in seen and (ids := prompt_part(sample)):
-            seen.add(conversation_of(sample.id))
+        if (conversation := conversation_of(sample.id)) not in seen and (ids := prompt_part(sample)):
+            seen.add(conversation)
             prompts.append(Prompt("sharegpt-holdout", sample.id, ids))
     return prompts
 

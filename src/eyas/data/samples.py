@@ -70,7 +70,7 @@ def pad_right(rows: list[np.ndarray], dtype: torch.dtype, width: int | None = No
     longest = max(len(r) for r in rows)
     if width is not None and width < longest:
         raise ValueError(f"width {width} is shorter than the longest row ({longest})")
-    out = torch.zeros(len(rows), width or longest, dtype=dtype)
+    out = torch.zeros(len(rows), longest if width is None else width, dtype=dtype)
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
     return out
