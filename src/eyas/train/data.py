@@ -41,10 +41,10 @@ class Batch:
 # On a GPU, batch widths come in steps of this many tokens. Every new [rows, width] costs a GPU run more than its
 # arithmetic: cuDNN's attention builds (and caches) an execution graph per shape, forward and backward, for each TTT
 # step — tens to hundreds of milliseconds each (pytorch/pytorch#155958; sgl-project/sglang#4650 measured ~400 ms).
-# Unrounded, a 16 k-conversation set cut at 32,768 tokens makes 562 shapes of 929 batches, nearly every epoch-one
-# batch a new one; rounded to 64 tokens, 78 shapes for 2.1 % more padding. Padding is right of every real token,
-# outside the loss and the attention's reach (each row attends causally to itself), so it changes no result. The CPU
-# builds nothing per shape: there the padding would only cost, so widths are not rounded.
+# Unrounded, a 16 k-conversation set cut at 32,768 tokens makes 559 shapes of 927 batches, most epoch-one batches a
+# new one; rounded to 64 tokens (and planned so), 33 shapes of 940 batches for 2.1 % more padding. Padding is right
+# of every real token, outside the loss and the attention's reach (each row attends causally to itself), so it
+# changes no result. The CPU builds nothing per shape: there the padding would only cost, so widths are not rounded.
 SHAPE_MULTIPLE = 64
 
 
