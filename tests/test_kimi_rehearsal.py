@@ -91,6 +91,21 @@ def test_offline_training_from_fp8_then_export_and_check(rehearsal):
     assert config["eagle_config"]["use_aux_hidden_state"] is True
 
 
+def test_an_mla_targets_drafter_has_the_published_kimi_layout_not_its_rope_head():
+    """transformers reports an MLA config's head_dim as its RoPE part (64); a drafter head takes the value width (128):
+    the layout of SpecForge's Kimi-K2.5 drafter (../shared/reference/serving-engines.md §4)."""
+    full = kimi_text_config()
+    assert full.head_dim == full.qk_rope_head_dim == 64  # what the target reports
+    config = drafter_config_from_target(full, [2, 30, 58], 32000)
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+            config.intermediate_size, config.draft_vocab_size) == (7168, 64, 64, 128, 18432, 32000)
+    with torch.device("meta"):
+        drafter = Eagle3Drafter(config)
+    shapes = {name: tuple(p.shape) for name, p in drafter.named_parameters()}
+    assert shapes["midlayer.self_attn.q_proj.weight"] == (8192, 14336) and shapes["fc.weight"] == (7168, 21504)
+    assert shapes["midlayer.self_attn.o_proj.weight"] == (7168, 8192)
+
+
 def test_flop_formula_matches_torchs_count_at_small_widths():
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -81,7 +81,9 @@ def drafter_config_from_target(target_config, layer_ids, draft_vocab_size: int, 
     target_hidden = int(cfg.hidden_size)
     hidden = int(hidden_size or target_hidden)
     heads = int(cfg.num_attention_heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or target_hidden // heads)
+    # An MLA target (DeepSeek-V3, Kimi-K2.5) reports head_dim = its RoPE part (transformers sets it to
+    # qk_rope_head_dim, 64); a drafter head takes the value head's width (128), as SpecForge's Kimi-K2.5 drafter does.
+    head_dim = int(getattr(cfg, "v_head_dim", None) or getattr(cfg, "head_dim", None) or target_hidden // heads)
     if hidden != target_hidden:  # a narrower drafter keeps the head size, with fewer heads
         heads = max(1, hidden // head_dim)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
