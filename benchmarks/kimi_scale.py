@@ -1,7 +1,7 @@
 """Issue 23 at Kimi-K2.5's real widths on one H200: one command per measurement group, each within a 10-minute call.
 
     PYTHONPATH=src python3 benchmarks/kimi_scale.py capture  [--out DIR] [--tokens N]
-    PYTHONPATH=src python3 benchmarks/kimi_scale.py train    [--out DIR] --mode offline|online
+    PYTHONPATH=src python3 benchmarks/kimi_scale.py train    [--out DIR] --mode offline|online [--attention concat|split]
     PYTHONPATH=src python3 benchmarks/kimi_scale.py export   [--out DIR]
 
 The target is eyas.target.rehearsal's: random weights with Kimi-K2.5's text widths (61 layers, hidden 7168, MLA,
@@ -17,7 +17,8 @@ benchmarks/kimi_estimate.py computes, on the CPU, what these groups should find 
   each under torch.profiler; bytes per token; the disk plan for 17.3 M and 6 B tokens.
 - train: the trainer's own micro-batch (eyas.train.trainer.micro_batch) and loader (Prefetcher), offline from an fp8
   store captured first, or online with the target in the loop; tokens/s after warm-up, peak memory, MFU by
-  eyas.drafter.flops (the formula is written out there) against 989 TFLOP/s, GPU busy share.
+  eyas.drafter.flops (the formula is written out there) against 989 TFLOP/s, GPU busy share and the kernels that
+  take the GPU's time (three steps under torch.profiler).
 - export: `eyas train` for 2 steps from a small fp8 store, `eyas export` (bf16) and `eyas check`; sizes on disk.
 """
 
@@ -51,6 +52,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="train: timed optimizer steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=3, help="train: untimed first steps (compilation, allocator)")
     parser.add_argument("--ttt-steps", type=int, default=7)
+    parser.add_argument("--attention", default=None, help="train: the TTT attention on the GPU (eyas.drafter.ttt.ATTENTION; "
+                        "default: eyas' own, CUDA_ATTENTION)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reduced", action="store_true", help="the same run at eyas.target.rehearsal's reduced widths "
                         "(vocab 2,048, draft vocab 256): a CPU smoke run of a group before spending GPU time on it")
@@ -126,13 +129,19 @@ def busy_share(fn) -> dict:
         fn()
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA")
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events)
     busy, end = 0.0, float("-inf")
     for a, b in spans:  # union of intervals, µs
         if b > end:
             busy += b - max(a, end)
             end = b
-    return {"gpu_busy_share": busy / 1e6 / wall, "wall_s": wall, "kernels": len(spans)}
+    by_name: dict[str, float] = {}
+    for e in events:
+        by_name[e.name] = by_name.get(e.name, 0.0) + (e.time_range.end - e.time_range.start)
+    top = sorted(by_name.items(), key=lambda item: -item[1])[:15]  # where the GPU's time goes
+    return {"gpu_busy_share": busy / 1e6 / wall, "wall_s": wall, "kernels": len(spans),
+            "top_kernels": [{"name": n[:160], "ms": us / 1e3, "share_of_busy": us / busy} for n, us in top]}
 
 
 def disk_plan(per_token: dict) -> dict:
@@ -223,6 +232,7 @@ def capture_group(args) -> dict:
 # --- train (GPU) -----------------------------------------------------------------------------------------------------
 
 def train_group(args) -> dict:
+    import eyas.drafter.ttt as ttt
     from eyas.capture.options import CaptureOptions
     from eyas.capture.stage import capture
     from eyas.drafter.flops import mfu, training_flops
@@ -230,6 +240,7 @@ def train_group(args) -> dict:
     from eyas.train.options import TrainOptions
     from eyas.train.trainer import micro_batch, setup_training, training_autocast
 
+    ttt.CUDA_ATTENTION = args.attention or ttt.CUDA_ATTENTION
     budget = args.token_budget or 8192
     steps = args.warmup + args.steps
     model, spec, loaded = make_target(args)
@@ -297,7 +308,8 @@ def train_group(args) -> dict:
 
     busy = busy_share(three_more)
     loader.close()
-    result = {"mode": args.mode, "token_budget": budget, "ttt_steps": options.ttt_steps, "timed_steps": args.steps,
+    result = {"mode": args.mode, "attention": ttt.CUDA_ATTENTION if CUDA else "scores", "token_budget": budget,
+              "ttt_steps": options.ttt_steps, "timed_steps": args.steps,
               "tokens_per_s": counted["tokens"] / seconds, "step_s": seconds / args.steps,
               "peak_GiB": peak_gib(), "peak_GiB_with_warmup": warmup_peak, "mfu_drafter": mfu(counted["flops"], seconds),
               "mfu_with_teacher": mfu(counted["flops"] + counted["teacher"], seconds),
@@ -305,7 +317,9 @@ def train_group(args) -> dict:
               "drafter_config": drafter.config.to_dict()}
     result["one_h200_hours_training_per_epoch"] = {n: size / result["tokens_per_s"] / 3600
                                                    for n, size in (("17.3M", SEEDS_TOKENS), ("6B", LARGE_TOKENS))}
-    print(f"| train {args.mode} | {result['tokens_per_s']:,.0f} tok/s | MFU {result['mfu_drafter']:.1%} | "
+    for kernel in busy.get("top_kernels", [])[:8]:
+        print(f"  {kernel['share_of_busy']:6.1%}  {kernel['ms']:9.1f} ms  {kernel['name'][:110]}")
+    print(f"| train {args.mode} {result['attention']} | {result['tokens_per_s']:,.0f} tok/s | MFU {result['mfu_drafter']:.1%} | "
           f"peak {result['peak_GiB']:.1f} GiB | busy {busy['gpu_busy_share']} |")
     return result
 

@@ -1,15 +1,17 @@
-"""Training tokens/s with batch widths rounded to a multiple of 64 tokens (eyas.train.data.batch_width) against
-unrounded widths, the same data, one process per variant (each starts with empty per-shape caches: cuDNN's attention
-graphs, compiled kernels), in one call.
+"""Training tokens/s of variants of the trainer's step, the same data, one process per variant (each starts with empty
+per-shape caches: cuDNN's attention graphs, compiled kernels), in one call. A variant is a batch-width multiple
+(eyas.train.data.batch_width: widths rounded up to it; 1 = unrounded) and a TTT attention (eyas.drafter.ttt.ATTENTION:
+"concat", the GPU default, or "split").
 
     python benchmarks/train_shapes_gpu.py --target ~/stage/smollm2.gguf --data DATA_DIR [--steps 100]
-        [--token-budget 16384] [--ttt-steps 7] [--multiples 64,1] [--out results.json]
+        [--token-budget 16384] [--ttt-steps 7] [--multiples 64,1] [--attentions concat,split] [--out results.json]
 
 Each variant builds what ``eyas train --online`` builds (``setup_training``: the target, the drafter, the teacher),
 plans its batches with its own multiple, warms up on a few batches from the end of the first epoch's order, then
 times ``--steps`` optimizer steps over the first batches of that order (``micro_batch`` + clip + AdamW, the trainer's
 step), synchronised at both ends: a first epoch, where nearly every unrounded batch has a shape not seen before.
-Prints tokens/s (real tokens, padding not counted) per variant and their ratio.
+Prints tokens/s (real tokens, padding not counted) per variant, its peak memory, and each variant's ratio to the
+first.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ import torch
 
 
 def run_variant(args: argparse.Namespace) -> dict:
+    import eyas.drafter.ttt as ttt
     import eyas.train.data as data
     from eyas.train.data import epoch_order
     from eyas.train.options import TrainOptions
     from eyas.train.trainer import micro_batch, setup_training, training_autocast
 
     data.SHAPE_MULTIPLE = args.multiple  # width_multiple reads it when the sources are built (on CUDA)
+    ttt.CUDA_ATTENTION = args.attention  # ttt_steps reads it at each call (on CUDA)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     options = TrainOptions(target=args.target, out=Path("/tmp/eyas-train-shapes"), data=args.data, online=True,
                            token_budget=args.token_budget, ttt_steps=args.ttt_steps)
@@ -64,7 +68,7 @@ def run_variant(args: argparse.Namespace) -> dict:
     shapes = len({(len(source.batches[i]), data.batch_width(max(len(source.samples[j].input_ids)
                                                                       for j in source.batches[i]), source.multiple))
                   for i in order[: args.steps]})
-    result = {"multiple": args.multiple, "steps": args.steps, "tokens": tokens, "seconds": seconds,
+    result = {"multiple": args.multiple, "attention": args.attention, "steps": args.steps, "tokens": tokens, "seconds": seconds,
               "tokens_per_s": tokens / seconds, "distinct_shapes": shapes, "device": str(device),
               "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else None}
     return result
@@ -79,26 +83,37 @@ def main() -> None:
     parser.add_argument("--token-budget", type=int, default=16384)
     parser.add_argument("--ttt-steps", type=int, default=7)
     parser.add_argument("--multiples", default="64,1", help="the variants: batch widths rounded to these")
+    parser.add_argument("--attentions", default="concat", help="and these TTT attentions (eyas.drafter.ttt.ATTENTION)")
     parser.add_argument("--multiple", type=int, help=argparse.SUPPRESS)  # one variant, in a process of its own
+    parser.add_argument("--attention", default="concat", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.multiple is not None:
         print(json.dumps(run_variant(args)))
         return
     rows = []
-    for multiple in (int(m) for m in args.multiples.split(",")):
+    variants = [(int(m), a) for m in args.multiples.split(",") for a in args.attentions.split(",")]
+    for multiple, attention in variants:
         command = [sys.executable, __file__, "--target", args.target, "--data", str(args.data), "--steps", str(args.steps),
                    "--warmup", str(args.warmup), "--token-budget", str(args.token_budget), "--ttt-steps",
-                   str(args.ttt_steps), "--multiple", str(multiple)]
+                   str(args.ttt_steps), "--multiple", str(multiple), "--attention", attention]
         done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(f"variant {multiple} failed:\n{done.stderr[-3000:]}")
+        if done.returncode:  # reported and recorded; the other variants still run
+            print(f"variant {multiple}:{attention} failed:\n{done.stderr[-3000:]}", flush=True)
+            rows.append({"multiple": multiple, "attention": attention, "error": done.stderr[-3000:]})
+            continue
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         r = rows[-1]
-        print(f"multiple {multiple:>3}: {r['tokens_per_s']:>10,.0f} tokens/s ({r['tokens']:,} tokens in {r['seconds']:.1f} s, "
-              f"{r['distinct_shapes']} shapes in {r['steps']} batches)", flush=True)
-    for r in rows[1:]:
-        print(f"multiple {rows[0]['multiple']} vs {r['multiple']}: {rows[0]['tokens_per_s'] / r['tokens_per_s']:.2f}×")
+        peak = f", peak {r['peak_memory_gb']:.1f} GB" if r["peak_memory_gb"] else ""
+        print(f"multiple {multiple:>3}, {attention:<6}: {r['tokens_per_s']:>10,.0f} tokens/s ({r['tokens']:,} tokens in "
+              f"{r['seconds']:.1f} s, {r['distinct_shapes']} shapes in {r['steps']} batches{peak})", flush=True)
+    measured = [r for r in rows if "error" not in r]
+    for r in measured[1:]:
+        print(f"{measured[0]['multiple']}:{measured[0]['attention']} vs {r['multiple']}:{r['attention']}: "
+              f"{measured[0]['tokens_per_s'] / r['tokens_per_s']:.2f}×")
+    if measured:
+        best = max(measured, key=lambda r: r["tokens_per_s"])
+        print(f"fastest: multiple {best['multiple']}, attention {best['attention']}")
     if args.out:
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
 

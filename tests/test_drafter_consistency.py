@@ -37,8 +37,8 @@ def random_drafter(config, seed=0):
      tiny_config(hidden_size=32, num_attention_heads=2, num_key_value_heads=1)],  # narrower than the target
     ids=["default-rope", "llama3-rope", "narrower-drafter"],
 )
-@pytest.mark.parametrize("fused", [False, True], ids=["scores", "fused-sdpa"])
-def test_ttt_step_k_equals_chained_drafting(config, fused):
+@pytest.mark.parametrize("attention", ["scores", "concat", "split"])
+def test_ttt_step_k_equals_chained_drafting(config, attention):
     steps = 7
     drafter = random_drafter(config)
     gen = torch.Generator().manual_seed(1)
@@ -52,7 +52,7 @@ def test_ttt_step_k_equals_chained_drafting(config, fused):
     total = input_ids.shape[1]
     aux = torch.cat([aux_prefix, torch.randn(batch, total - prefix, config.aux_width, generator=gen)], dim=1)
     with torch.no_grad():
-        ttt_logits = list(ttt_steps(drafter, aux, input_ids, steps, fused=fused))
+        ttt_logits = list(ttt_steps(drafter, aux, input_ids, steps, attention=attention))
     position = prefix - 1  # the last real position: where the chain was drafted from
     for k in range(steps):
         expected, got = chain_logits[k], ttt_logits[k][:, position]
@@ -62,8 +62,8 @@ def test_ttt_step_k_equals_chained_drafting(config, fused):
     assert all(not torch.allclose(chain_logits[k], chain_logits[k + 1], rtol=1e-3) for k in range(steps - 1))
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["scores", "fused-sdpa"])
-def test_padding_and_other_rows_do_not_leak_into_a_sequence(fused):
+@pytest.mark.parametrize("attention", ["scores", "concat", "split"])
+def test_padding_and_other_rows_do_not_leak_into_a_sequence(attention):
     config = tiny_config()
     drafter = random_drafter(config)
     gen = torch.Generator().manual_seed(2)
@@ -71,8 +71,8 @@ def test_padding_and_other_rows_do_not_leak_into_a_sequence(fused):
     ids = torch.randint(0, config.vocab_size, (2, 9), generator=gen)
     # row 1 is 5 tokens long, right-padded: whatever its padding holds must not reach its first 5 positions
     with torch.no_grad():
-        batched = list(ttt_steps(drafter, aux, ids, 3, fused=fused))
-        alone = list(ttt_steps(drafter, aux[1:, :5], ids[1:, :5], 3, fused=fused))
+        batched = list(ttt_steps(drafter, aux, ids, 3, attention=attention))
+        alone = list(ttt_steps(drafter, aux[1:, :5], ids[1:, :5], 3, attention=attention))
     for k in range(3):
         usable = 5 - 1 - k  # positions whose step-k token is still inside the sequence
         torch.testing.assert_close(batched[k][1, :usable], alone[k][0, :usable], rtol=1e-5, atol=1e-5)

@@ -115,7 +115,7 @@ def test_flop_formula_matches_torchs_count_at_small_widths():
     rows, tokens, steps = 2, 24, 3
     aux, ids = torch.randn(rows, tokens, config.aux_width), torch.randint(0, config.vocab_size, (rows, tokens))
     with FlopCounterMode(display=False) as counter:
-        sum(logits.sum() for logits in ttt_steps(drafter, aux, ids, steps, fused=False)).backward()
+        sum(logits.sum() for logits in ttt_steps(drafter, aux, ids, steps, attention="scores")).backward()
     flops = training_flops(config, [tokens] * rows, steps)
     # torch does not count, on the CPU, step 0's fused attention nor the own keys' elementwise products
     unseen = 3 * (flops.attention_real / steps + flops.attention_own)

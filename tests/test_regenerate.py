@@ -403,7 +403,8 @@ def test_server_requests_run_concurrently(server):
     start = time.perf_counter()
     answers = generator.generate(prompts)
     assert [a.text for a in answers] == [fake_answer(p) for p in prompts]
-    assert 2 <= server.max_in_flight <= 4 and time.perf_counter() - start < 1.2  # 8 × 0.2 s one at a time = 1.6 s
+    # 8 × 0.2 s one at a time takes ≥ 1.6 s; four at a time ~0.4 s (a bound with room for a loaded machine)
+    assert 2 <= server.max_in_flight <= 4 and time.perf_counter() - start < 1.6
 
 
 def test_unreachable_server_raises_a_clear_error():

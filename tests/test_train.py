@@ -95,6 +95,32 @@ def test_online_training_equals_offline(setup, tmp_path):
     assert offline.final_eval["loss"] == pytest.approx(online.final_eval["loss"], rel=1e-5)
 
 
+def test_split_attention_trains_what_scores_train_and_a_resume_may_switch_to_it(setup, tmp_path, monkeypatch):
+    """--attention split (eyas.drafter.split_attention) reaches the trainer: the same per-step losses as the written-out
+    scores, and a run begun with one resumes with the other (the same arithmetic, so RESUMABLE)."""
+    import eyas.drafter.ttt as ttt
+
+    target, _, features = setup
+    calls, real = [], ttt.attend_split
+    monkeypatch.setattr(ttt, "attend_split", lambda *args: calls.append(1) or real(*args))
+    for max_steps in (2, 4):  # the reference: the same two segments (a resume stretches the schedule to its new end)
+        train(opts(target, tmp_path / "scores", features=features, max_steps=max_steps, checkpoint_every=2,
+                   attention="scores", resume=max_steps == 4))
+    split = train(opts(target, tmp_path / "split", features=features, max_steps=2, checkpoint_every=2, attention="split"))
+    assert split.steps == 2 and len(calls) >= 2 * 2  # steps 1 and 2 of the unroll, in each of two optimizer steps
+    monkeypatch.undo()
+    resumed = train(opts(target, tmp_path / "split", features=features, max_steps=4, checkpoint_every=2,
+                         attention="scores", resume=True))
+    assert resumed.resumed_from == 2 and resumed.steps == 4
+    read = lambda run: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    losses = lambda run: [(m["step"], m["loss"]) for m in read(run) if "loss" in m]  # noqa: E731
+    for (step_a, a), (step_b, b) in zip(losses(tmp_path / "scores"), losses(tmp_path / "split"), strict=True):
+        assert step_a == step_b and a == pytest.approx(b, rel=1e-5)
+    options = json.loads((tmp_path / "split" / "train_options.json").read_text())
+    assert any(seg.get("changed", {}).get("attention") == {"from": "split", "to": "scores"} for seg in options["segments"]), \
+        options["segments"]
+
+
 def test_learning_lowers_holdout_loss_and_lifts_step0_acceptance(setup, tmp_path):
     target, _, features = setup
     report = train(opts(target, tmp_path / "learn", features=features, max_steps=40, checkpoint_every=40, lr=3e-3,

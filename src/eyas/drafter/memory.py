@@ -53,6 +53,6 @@ def ttt_saved_bytes(config: DrafterConfig, rows: int, length: int, steps: int) -
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", sdpa):
         kept = [step_loss(logits, signal, mask, k, compile=False).loss  # the trainer keeps every step's graph
-                for k, logits in enumerate(ttt_steps(drafter, aux, ids, steps, fused=True))]
+                for k, logits in enumerate(ttt_steps(drafter, aux, ids, steps, attention="concat"))]
     assert len(kept) == steps  # alive until here: no storage is freed and its address reused while counting
     return sum(saved.values())

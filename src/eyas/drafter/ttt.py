@@ -11,15 +11,17 @@ At step k (k = 0 … K−1) position i is the drafter drafting k steps ahead of 
 Batches are right-padded, so causal attention alone keeps a real position away from padding; what a
 padding position computes is never read by a real one (its own keys sit at its own position).
 
-Attention at step k is one softmax over T causal scores plus k "own" scores. Two ways to compute it,
-equal up to rounding (a test pins them together), chosen by device:
-  - on a GPU, one fused ``scaled_dot_product_attention`` over [real keys ‖ each step's own keys]
+Attention at step k is one softmax over T causal scores plus k "own" scores. Three ways to compute it,
+equal up to rounding (tests pin them together), named by ``attention``:
+  - "concat": one fused ``scaled_dot_product_attention`` over [real keys ‖ each step's own keys]
     under a [T, (k+1)·T] mask: k+1 times the keys, most of them masked, but the kernel (cuDNN)
     never writes the scores to memory, which makes a training step faster than writing the scores out
-    (``benchmarks/train_profile.py`` measures both);
-  - elsewhere, the scores as they are: the real keys' [B, h, T, T] once and each earlier step's own
-    key as one dot product per position. On a CPU, SDPA with a mask materialises every masked score,
-    so the concatenation would cost k+1 times the work and memory at step k.
+    (``benchmarks/train_profile.py`` measures both); the default on a GPU (CUDA_ATTENTION);
+  - "split": a causal flash kernel over the real keys and one dot product per own key, merged by their
+    log-sum-exp (eyas.drafter.split_attention): no masked score is computed at all;
+  - "scores": the scores as they are: the real keys' [B, h, T, T] once and each earlier step's own
+    key as one dot product per position; the default elsewhere. On a CPU, SDPA with a mask
+    materialises every masked score, so the concatenation would cost k+1 times the work and memory.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.split_attention import attend_split
+
+ATTENTION = ("scores", "concat", "split")
+CUDA_ATTENTION = "concat"  # how steps after the first attend on a GPU (benchmarks/ttt_attention_gpu.py measures them)
 
 
 def shift_left(x: torch.Tensor, by: int, fill=0) -> torch.Tensor:
@@ -68,16 +74,19 @@ def attend_fused(q: torch.Tensor, real_k: torch.Tensor, real_v: torch.Tensor, ow
 
 
 def ttt_steps(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor, steps: int,
-              fused: bool | None = None) -> Iterator[torch.Tensor]:
+              attention: str | None = None) -> Iterator[torch.Tensor]:
     """Yield the draft logits [B, T, Vd] of steps 0 … steps−1 (see the module docstring for their meaning).
 
     ``aux`` [B, T, k·Ht] target states, ``input_ids`` [B, T], right-padded rows. Sequences of a batch
-    never attend to each other. ``fused``: how steps after the first attend (module docstring);
-    None = fused on CUDA.
+    never attend to each other. ``attention``: how steps after the first attend, one of ATTENTION (module
+    docstring); None = CUDA_ATTENTION on CUDA, "scores" elsewhere.
     """
     batch, tokens = input_ids.shape
     device = input_ids.device
-    fused = device.type == "cuda" if fused is None else fused
+    attention = attention or (CUDA_ATTENTION if device.type == "cuda" else "scores")
+    if attention not in ATTENTION:
+        raise ValueError(f"attention {attention!r}: one of {', '.join(ATTENTION)}")
+    fused = attention == "concat"
     positions = torch.arange(tokens, device=device).expand(batch, tokens)
     future = torch.ones(tokens, tokens, dtype=torch.bool, device=device).triu(1)  # one mask for every step
     own = torch.eye(tokens, dtype=torch.bool, device=device) if fused else None
@@ -96,8 +105,10 @@ def ttt_steps(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor
                 return F.scaled_dot_product_attention(q, key, value, is_causal=True)
             own_k.append(key)
             own_v.append(value)
-            if fused:
+            if attention == "concat":
                 return attend_fused(q, real[0], real[1], own_k, own_v, mask)
+            if attention == "split":
+                return attend_split(q, real[0], real[1], own_k, own_v)
             return attend_real_and_own(q, real[0], real[1], own_k, own_v, future)
 
         hidden = drafter.layer(hidden, shift_left(input_ids, 1 + k), positions + k, attend)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import SEED, Options, above, at_least, each, force_option, option, remote_code, within
+from eyas.options import SEED, Options, above, at_least, each, force_option, one_of, option, remote_code, within
 
 
 @dataclass
@@ -19,7 +19,7 @@ class TrainOptions(Options):
     online: bool = option(False, "run the target in this process: nothing is written to disk "
                           "(the default when --data is given without --features)")
     resume: bool = option(False, "continue RUN_DIR from its latest checkpoint (only the step limit, checkpoint cadence, "
-                          "--fsdp and --trust-remote-code may differ from the run's)")
+                          "--attention, --fsdp and --trust-remote-code may differ from the run's)")
     force: bool = force_option()
     ttt_steps: int = option(7, "training-time-test steps K", check=at_least(1))
     step_decay: float = option(0.8, "weight of step k's loss is decay^k", check=within(0, 1, low_open=True))
@@ -34,6 +34,11 @@ class TrainOptions(Options):
     max_steps: int | None = option(None, "stop after this many optimizer steps", check=at_least(1))
     token_budget: int = option(8192, "tokens per micro-batch, padding included", check=at_least(1))
     grad_accum: int = option(1, "micro-batches per optimizer step", check=at_least(1))
+    attention: str = option("auto", "how TTT steps after the first attend (the same result up to rounding; only speed "
+                            "and memory differ): concat = one fused attention over real and own keys under a mask, "
+                            "split = a causal flash kernel over real keys merged with the own keys by log-sum-exp, "
+                            "scores = written out; auto = concat on a GPU, scores elsewhere",
+                            check=one_of("auto", "concat", "split", "scores"))
     checkpoint_every: int = option(500, "optimizer steps between checkpoints (and holdout evaluations)", check=at_least(1))
     eval_batches: int | None = option(50, "holdout batches per evaluation (all if not given)", check=at_least(1))
     keep: int = option(3, "checkpoints kept (the oldest are deleted)", check=at_least(1))
@@ -49,11 +54,12 @@ class TrainOptions(Options):
 
 
 # What `--resume` may change: when the run ends (the step limit; the learning-rate schedule then stretches to the new
-# total), how often it checkpoints and how many it keeps, how it is distributed and what code it may run, and where
-# RUN_DIR now lies. Any other change (lr, TTT steps, batching, seed, eval size, drafter shape, layer ids, the target)
-# would make RUN_DIR describe a run that never happened: it is refused. The data (--features / --data / --online) is
-# compared by content, not by path: a moved DATA_DIR or FEATURES_DIR resumes.
-RESUMABLE = frozenset({"out", "max_steps", "epochs", "checkpoint_every", "keep", "fsdp", "trust_remote_code"})
+# total), how often it checkpoints and how many it keeps, how it is distributed and what code it may run, how the
+# TTT steps attend (the same result), and where RUN_DIR now lies. Any other change (lr, TTT steps, batching, seed,
+# eval size, drafter shape, layer ids, the target) would make RUN_DIR describe a run that never happened: it is refused.
+# The data (--features / --data / --online) is compared by content, not by path: a moved DATA_DIR or FEATURES_DIR
+# resumes.
+RESUMABLE = frozenset({"out", "max_steps", "epochs", "checkpoint_every", "keep", "fsdp", "trust_remote_code", "attention"})
 DATA_OPTIONS = ("features", "data", "online")
 
 

@@ -210,7 +210,8 @@ def micro_batch(drafter: Eagle3Drafter, batch, head: torch.Tensor, draft_ids: to
     signal = target_signal(batch.final, head, draft_ids)
     total = 0.0
     with autocast():
-        for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, options.ttt_steps)):
+        attention = None if options.attention == "auto" else options.attention
+        for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, options.ttt_steps, attention)):
             result = step_loss(logits, signal, batch.loss_mask, k)
             total = total + weights[k] * result.loss
             losses[k] += result.loss.detach() / options.grad_accum

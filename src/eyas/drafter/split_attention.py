@@ -1,0 +1,91 @@
+"""A training-time-test step's attention without computing masked scores: real keys by a causal flash kernel, own
+keys one dot product each, the two merged by their log-sum-exp.
+
+At TTT step k ≥ 1 a query at position i sees the step-0 ("real") keys of positions ≤ i and its own k keys of steps
+1 … k at position i (eyas.drafter.ttt). One softmax over both sets:
+
+    lse_i   = log(exp(lse_real_i) + Σ_j exp(s_ij))            s_ij = q_i · own_k_ij · scale
+    out_i   = exp(lse_real_i − lse_i) · out_real_i + Σ_j exp(s_ij − lse_i) · own_v_ij
+
+where out_real, lse_real are the causal flash kernel's output and log-sum-exp over the real keys alone. The work is
+the causal half of T² plus k·T dot products, where one attention over [real ‖ own keys] under a mask computes all
+(k+1)·T² scores.
+
+The backward uses the flash kernel's own backward over the real keys, handed the *merged* output and log-sum-exp:
+it recomputes P_ij = exp(S_ij − lse_i), the merged softmax's probabilities of the real keys, and
+D_i = Σ dO_i ⊙ out_i, the merged softmax's correction term, so its dq, dk, dv are exactly the real keys' share of the
+merged attention's gradients (the identity ring attention relies on). The own keys' share is written out below.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """Causal flash attention: (out [B, h, T, d], log-sum-exp [B, h, T] float32, what its backward needs)."""
+    if q.is_cuda:
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, True, False, scale=scale)
+        return out, lse, (cum_q, cum_k, max_q, max_k, seed, offset)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+    return out, lse, None
+
+
+def _flash_backward(grad: torch.Tensor, q, k, v, out, lse, extra, scale: float):
+    if q.is_cuda:
+        cum_q, cum_k, max_q, max_k, seed, offset = extra
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, True, seed, offset, scale=scale)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, q, k, v, out, lse, 0.0, True, scale=scale)
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """x in the precision the merge is done in: float32, or float64 for float64 inputs (the tests)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _own_scores(q: torch.Tensor, own_k: torch.Tensor, scale: float) -> torch.Tensor:
+    """s [B, h, T, k], widened: each query against its own position's k keys ([B, h, T, k, d])."""
+    return _wide((q.unsqueeze(3) @ own_k.transpose(-1, -2)).squeeze(3)) * scale
+
+
+class SplitAttention(torch.autograd.Function):
+    """softmax over (causal real keys ∪ each own key at the query's position) · values, [B, h, T, d]."""
+
+    @staticmethod
+    def forward(ctx, q, real_k, real_v, own_k, own_v):
+        scale = q.shape[-1] ** -0.5
+        real_out, real_lse, extra = _flash_forward(q, real_k, real_v, scale)
+        scores = _own_scores(q, own_k, scale)
+        lse = torch.logaddexp(real_lse, scores.logsumexp(-1))
+        own_p = torch.exp(scores - lse.unsqueeze(-1))
+        own_part = (own_p.to(own_v.dtype).unsqueeze(3) @ own_v).squeeze(3)
+        merged = _wide(real_out) * torch.exp(real_lse - lse).unsqueeze(-1) + _wide(own_part)
+        out = torch.empty_like(real_out).copy_(merged)  # the kernel's memory layout, which its backward expects
+        ctx.save_for_backward(q, real_k, real_v, own_k, own_v, out, lse)
+        ctx.extra, ctx.scale = extra, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, real_k, real_v, own_k, own_v, out, lse = ctx.saved_tensors
+        scale = ctx.scale
+        grad = torch.empty_like(out).copy_(grad)
+        dq, dk, dv = _flash_backward(grad, q, real_k, real_v, out, lse, ctx.extra, scale)
+        own_p = torch.exp(_own_scores(q, own_k, scale) - lse.unsqueeze(-1))  # [B, h, T, k]
+        correction = (_wide(grad) * _wide(out)).sum(-1, keepdim=True)  # D_i
+        own_dp = _wide((grad.unsqueeze(3) @ own_v.transpose(-1, -2)).squeeze(3))
+        own_ds = own_p * (own_dp - correction) * scale  # dL/ds_ij, with the scale of s folded in
+        dq = dq + (own_ds.to(own_k.dtype).unsqueeze(3) @ own_k).squeeze(3)
+        d_own_k = (own_ds.unsqueeze(-1) * _wide(q).unsqueeze(3)).to(own_k.dtype)
+        d_own_v = (own_p.unsqueeze(-1) * _wide(grad).unsqueeze(3)).to(own_v.dtype)
+        return dq, dk, dv, d_own_k, d_own_v
+
+
+def attend_split(q: torch.Tensor, real_k: torch.Tensor, real_v: torch.Tensor, own_k: list[torch.Tensor],
+                 own_v: list[torch.Tensor]) -> torch.Tensor:
+    """eyas.drafter.ttt.attend_real_and_own's result: ``real_*`` [B, h, T, d] step 0's keys and values, ``own_*`` one
+    [B, h, T, d] per later step, the current one included."""
+    return SplitAttention.apply(q, real_k, real_v, torch.stack(own_k, dim=3), torch.stack(own_v, dim=3))
