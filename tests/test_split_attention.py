@@ -89,3 +89,28 @@ def test_an_unknown_attention_name_is_refused():
     with pytest.raises(ValueError, match="one of scores, concat, split"):
         next(ttt_steps(random_drafter(config), torch.zeros(1, 4, config.aux_width), torch.zeros(1, 4, dtype=torch.long),
                        2, attention="dense"))
+
+
+def test_the_unroll_keeps_less_for_backward_with_split_than_with_concat():
+    """"split" keeps no [real ‖ own] key copies (concat's (k + 1)·T keys per step) and no stacked own keys: the
+    memory of the TTT unroll, counted as the unique storages autograd saves."""
+    config = tiny_config()
+    gen = torch.Generator().manual_seed(5)
+    aux = torch.randn(2, 96, config.aux_width, generator=gen)
+    ids = torch.randint(0, config.vocab_size, (2, 96), generator=gen)
+    kept = {}
+    for attention in ("concat", "split"):
+        drafter = random_drafter(config).train()
+        params = {p.untyped_storage()._cdata for p in drafter.parameters()}
+        saved: dict[int, int] = {}
+
+        def pack(t, saved=saved, params=params):
+            if t.untyped_storage()._cdata not in params:
+                saved[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logits = list(ttt_steps(drafter, aux, ids, 7, attention=attention))
+        kept[attention] = sum(saved.values())
+        del logits
+    assert kept["split"] < 0.8 * kept["concat"], kept

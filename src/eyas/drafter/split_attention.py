@@ -46,46 +46,54 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def _own_scores(q: torch.Tensor, own_k: torch.Tensor, scale: float) -> torch.Tensor:
-    """s [B, h, T, k], widened: each query against its own position's k keys ([B, h, T, k, d])."""
-    return _wide((q.unsqueeze(3) @ own_k.transpose(-1, -2)).squeeze(3)) * scale
+def _own_scores(q: torch.Tensor, own_k: tuple[torch.Tensor, ...], scale: float) -> torch.Tensor:
+    """s [B, h, T, k], widened: each query against its own position's key of each later step ([B, h, T, d] each)."""
+    return torch.stack([(q * key).sum(-1, dtype=_wide(q).dtype) for key in own_k], dim=-1) * scale
 
 
 class SplitAttention(torch.autograd.Function):
-    """softmax over (causal real keys ∪ each own key at the query's position) · values, [B, h, T, d]."""
+    """softmax over (causal real keys ∪ each own key at the query's position) · values, [B, h, T, d].
+
+    Inputs: q, real_k, real_v, then the k own keys and the k own values (each [B, h, T, d]) as separate arguments:
+    nothing is stacked, so the unroll keeps no copy of them beside the tensors themselves."""
 
     @staticmethod
-    def forward(ctx, q, real_k, real_v, own_k, own_v):
+    def forward(ctx, q, real_k, real_v, *own):
+        own_k, own_v = own[: len(own) // 2], own[len(own) // 2:]
         scale = q.shape[-1] ** -0.5
         real_out, real_lse, extra = _flash_forward(q, real_k, real_v, scale)
         scores = _own_scores(q, own_k, scale)
         lse = torch.logaddexp(real_lse, scores.logsumexp(-1))
-        own_p = torch.exp(scores - lse.unsqueeze(-1))
-        own_part = (own_p.to(own_v.dtype).unsqueeze(3) @ own_v).squeeze(3)
-        merged = _wide(real_out) * torch.exp(real_lse - lse).unsqueeze(-1) + _wide(own_part)
+        merged = _wide(real_out) * torch.exp(real_lse - lse).unsqueeze(-1)
+        for j, value in enumerate(own_v):
+            merged = merged + torch.exp(scores[..., j] - lse).unsqueeze(-1) * _wide(value)
         out = torch.empty_like(real_out).copy_(merged)  # the kernel's memory layout, which its backward expects
-        ctx.save_for_backward(q, real_k, real_v, own_k, own_v, out, lse)
+        ctx.save_for_backward(q, real_k, real_v, out, lse, scores, *own)
         ctx.extra, ctx.scale = extra, scale
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, real_k, real_v, own_k, own_v, out, lse = ctx.saved_tensors
+        q, real_k, real_v, out, lse, scores, *own = ctx.saved_tensors
+        own_k, own_v = own[: len(own) // 2], own[len(own) // 2:]
         scale = ctx.scale
         grad = torch.empty_like(out).copy_(grad)
         dq, dk, dv = _flash_backward(grad, q, real_k, real_v, out, lse, ctx.extra, scale)
-        own_p = torch.exp(_own_scores(q, own_k, scale) - lse.unsqueeze(-1))  # [B, h, T, k]
-        correction = (_wide(grad) * _wide(out)).sum(-1, keepdim=True)  # D_i
-        own_dp = _wide((grad.unsqueeze(3) @ own_v.transpose(-1, -2)).squeeze(3))
-        own_ds = own_p * (own_dp - correction) * scale  # dL/ds_ij, with the scale of s folded in
-        dq = dq + (own_ds.to(own_k.dtype).unsqueeze(3) @ own_k).squeeze(3)
-        d_own_k = (own_ds.unsqueeze(-1) * _wide(q).unsqueeze(3)).to(own_k.dtype)
-        d_own_v = (own_p.unsqueeze(-1) * _wide(grad).unsqueeze(3)).to(own_v.dtype)
-        return dq, dk, dv, d_own_k, d_own_v
+        dq = _wide(dq)
+        correction = (_wide(grad) * _wide(out)).sum(-1)  # D_i
+        d_own_k, d_own_v = [], []
+        for j, (key, value) in enumerate(zip(own_k, own_v, strict=True)):
+            p = torch.exp(scores[..., j] - lse)  # the merged softmax's weight of own key j
+            dp = (grad * value).sum(-1, dtype=p.dtype)
+            ds = (p * (dp - correction) * scale).unsqueeze(-1)  # dL/ds_ij, the scale of s folded in
+            dq = dq + ds * _wide(key)
+            d_own_k.append((ds * _wide(q)).to(key.dtype))
+            d_own_v.append((p.unsqueeze(-1) * _wide(grad)).to(value.dtype))
+        return (dq.to(q.dtype), dk, dv, *d_own_k, *d_own_v)
 
 
 def attend_split(q: torch.Tensor, real_k: torch.Tensor, real_v: torch.Tensor, own_k: list[torch.Tensor],
                  own_v: list[torch.Tensor]) -> torch.Tensor:
     """eyas.drafter.ttt.attend_real_and_own's result: ``real_*`` [B, h, T, d] step 0's keys and values, ``own_*`` one
     [B, h, T, d] per later step, the current one included."""
-    return SplitAttention.apply(q, real_k, real_v, torch.stack(own_k, dim=3), torch.stack(own_v, dim=3))
+    return SplitAttention.apply(q, real_k, real_v, *own_k, *own_v)
