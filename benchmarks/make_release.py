@@ -1,6 +1,6 @@
 """Put an exported drafter under releases/ with its model card, and pin every released file in the manifest.
 
-    python benchmarks/make_release.py DRAFT_DIR --name NAME --bench REPORT [--bench REPORT ...]
+    python benchmarks/make_release.py DRAFT_DIR --name NAME [--bench REPORT ...]
         --metrics METRICS_JSONL --data 'what it was trained on' --command 'the training command'
         --commit COMMIT --machine 'one H200' --date 2026-12-04 [--holdout-tau holdout_tau.json] [--notes 'one paragraph']
         [--releases releases]
@@ -11,7 +11,8 @@ replaced by the release's card (target, data, command, commit, machine, date, th
 ``metrics.jsonl``, every bench report's τ table, and how to run it with eyas and vLLM from a fresh clone). The export
 manifest's record of README.md is updated to the card, so ``eyas check releases/NAME`` still finds every file as
 recorded; then releases/MANIFEST.sha256 is rewritten over every file under releases/ (``sha256sum -c`` reads it).
-Refuses weights that are not bf16 (the release keeps no fp32 copies).
+Refuses weights that are not bf16 (the release keeps no fp32 copies). Without --bench the card says the drafter is not
+benched yet (a drafter is released as soon as it exists; run again with --bench to add the tables).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def card(name: str, config: dict, args: argparse.Namespace, evaluation: dict, st
          reports: list[dict], holdout_rows: list[dict] = ()) -> str:
     acceptance = ", ".join(f"{a:.3f}" for a in evaluation.get("acceptance_cumulative", []))
     speculative = json.dumps({"method": "eagle3", "model": f"releases/{name}", "num_speculative_tokens": 5})
-    tables = "\n\n".join(tau_table(report) for report in reports)
+    tables = "\n\n".join(tau_table(report) for report in reports) or (
+        "Not benched yet: `benchmarks/release_h200.sh bench` measures it, and this card is remade with its reports.")
     notes = f"\n{args.notes}\n" if args.notes else ""
     layers = config.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids", "engine defaults")
     drafter = (f"1 Llama layer, hidden {config['hidden_size']}, draft vocabulary {config['draft_vocab_size']} of "
@@ -113,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("draft", type=Path)
     parser.add_argument("--name", required=True)
-    parser.add_argument("--bench", type=Path, action="append", required=True,
+    parser.add_argument("--bench", type=Path, action="append", default=[],
                         help="a REPORT_DIR or its report.json (e.g. release_h200.sh finish's report-t0.json; repeatable)")
     parser.add_argument("--metrics", type=Path, required=True, help="the run's metrics.jsonl")
     for flag in ("--data", "--command", "--commit", "--machine", "--date"):

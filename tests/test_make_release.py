@@ -1,0 +1,69 @@
+"""benchmarks/make_release.py: an exported bf16 drafter becomes releases/NAME with its card, `eyas check` still passes,
+and the manifest pins every file; an fp32 export is refused. Bench and holdout reports are the real ones a device run
+wrote (benchmarks/results/2026-12-03_h200_release-mixing)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import zoo
+from eyas.export.check import check_draft_dir
+from eyas.export.stage import export_run
+from eyas.releases import release_problems
+from eyas.train.options import TrainOptions
+from eyas.train.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "benchmarks" / "results" / "2026-12-03_h200_release-mixing" / "compare"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("release")
+    target, _, features = zoo.tiny_store(root)
+    train(TrainOptions(target=target, features=features, out=root / "run", max_steps=2, token_budget=256,
+                       checkpoint_every=2, ttt_steps=2, eval_batches=1))
+    return root / "run"
+
+
+def make_release(monkeypatch, *args):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from make_release import main
+
+    monkeypatch.setattr(sys, "argv", ["make_release.py", *map(str, args)])
+    main()
+
+
+def common(run_dir, releases):
+    return ["--metrics", run_dir / "metrics.jsonl", "--data", "tiny", "--command", "eyas train ...", "--commit", "abc1234",
+            "--machine", "the CPU", "--date", "2026-12-03", "--releases", releases]
+
+
+def test_a_bf16_export_is_released_checked_and_pinned(run_dir, tmp_path, monkeypatch):
+    export_run(run_dir, tmp_path / "draft", "bf16")
+    releases = tmp_path / "releases"
+    make_release(monkeypatch, tmp_path / "draft", "--name", "tiny-eagle3", *common(run_dir, releases),
+                 "--bench", RECORDED / "bench-s-t0-all-b.json", "--holdout-tau", RECORDED / "holdout_tau.json")
+    out = releases / "tiny-eagle3"
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "manifest.json", "model.safetensors"]
+    assert check_draft_dir(out).ok and release_problems(root=releases) == []
+    card = (out / "README.md").read_text()
+    recorded = json.loads((RECORDED / "bench-s-t0-all-b.json").read_text())
+    assert all(f"**{row['tau']:.2f}**" in card for row in recorded["rows"])  # every bench row's τ
+    assert "holdout t08" in card and "eyas generate --target demo --draft releases/tiny-eagle3" in card
+    (out / "README.md").write_text(card + "edited\n")  # the manifest notices an edit after the release
+    assert release_problems(root=releases) == ["tiny-eagle3/README.md: sha256 differs from MANIFEST.sha256"]
+
+
+def test_without_benches_the_card_says_so_and_fp32_is_refused(run_dir, tmp_path, monkeypatch):
+    export_run(run_dir, tmp_path / "draft", "bf16")
+    releases = tmp_path / "releases"
+    make_release(monkeypatch, tmp_path / "draft", "--name", "early", *common(run_dir, releases))
+    assert "Not benched yet" in (releases / "early" / "README.md").read_text()
+    assert check_draft_dir(releases / "early").ok
+    export_run(run_dir, tmp_path / "fp32", "fp32")
+    with pytest.raises(SystemExit, match="export it with --dtype bf16"):
+        make_release(monkeypatch, tmp_path / "fp32", "--name", "wide", *common(run_dir, releases))
+    assert not (releases / "wide").exists()
