@@ -15,6 +15,11 @@
 #       `eyas train --online` on $WORK/data/LABEL into $WORK/runs/NAME, in a session of its own (setsid), so that it
 #       runs on after the call returns, for as long as the machine is held (each call must follow the last within
 #       the machine's 30 s); several NAMEs may train side by side on the one GPU (a sweep).
+#   benchmarks/release_h200.sh timed NAME LABEL SECONDS BUDGET [TRAIN_FLAGS]
+#       `start` for a run that must end within SECONDS of training: first benchmarks/train_shapes_gpu.py times both
+#       TTT attentions (concat, split; 30 steps each at BUDGET tokens per step, ~1.5 min), then NAME starts with the
+#       faster one and as many steps as its rate fills SECONDS (real tokens/s over BUDGET tokens per step: padding
+#       and evaluations make that a little conservative). If the timing fails, concat at 60 k tokens/s.
 #   benchmarks/release_h200.sh wait SECONDS NAME [NAME ...]
 #       print each run's progress every minute until all have ended or SECONDS have passed.
 #   benchmarks/release_h200.sh finish NAME LABEL [PROMPTS] [MAX_NEW_TOKENS]
@@ -135,6 +140,22 @@ PY
       --resume "$@" >> "$LOGS/train-$name.log" 2>&1 < /dev/null &
     echo $! > "$WORK/runs/$name.pid"
     echo "started $name (pid $!) on $label: eyas train $*" ;;
+  timed)
+    name=$2 label=$3 seconds=$4 budget=$5; shift 5
+    python3 benchmarks/train_shapes_gpu.py --target "$TARGET" --data "$WORK/data/$label" --steps 30 --warmup 5 \
+      --token-budget "$budget" --multiples 64 --attentions concat,split --out "$WORK/timing-$name.json" 2>&1 | tail -n 12
+    read -r attention steps < <(python3 - "$WORK/timing-$name.json" "$seconds" "$budget" <<'PY'
+import json, sys
+try:
+    rows = [r for r in json.load(open(sys.argv[1]))["rows"] if "error" not in r]
+except (OSError, ValueError):
+    rows = []
+best = max(rows, key=lambda r: r["tokens_per_s"]) if rows else {"attention": "concat", "tokens_per_s": 60000}
+print(best["attention"], int(best["tokens_per_s"] * float(sys.argv[2]) / int(sys.argv[3])))
+PY
+)
+    echo "timed: attention $attention, $steps steps of $budget tokens"
+    "$0" start "$name" "$label" --token-budget "$budget" --attention "$attention" --max-steps "$steps" "$@" ;;
   wait)
     seconds=$2; shift 2
     end=$(( $(date +%s) + seconds ))
@@ -201,5 +222,5 @@ for name in sys.argv[2:]:
 PY
     ;;
   *)
-    sed -n '2,41p' "$0"; exit 2 ;;
+    sed -n '2,46p' "$0"; exit 2 ;;
 esac
