@@ -1,7 +1,7 @@
 """Issue 23 at Kimi-K2.5's real widths on one H200: one command per measurement group, each within a 10-minute call.
 
     PYTHONPATH=src python3 benchmarks/kimi_scale.py capture  [--out DIR] [--tokens N]
-    PYTHONPATH=src python3 benchmarks/kimi_scale.py train    [--out DIR] --mode offline|online [--attention concat|split]
+    PYTHONPATH=src python3 benchmarks/kimi_scale.py train    [--out DIR] --mode offline|online [--attention concat,split]
     PYTHONPATH=src python3 benchmarks/kimi_scale.py export   [--out DIR]
 
 The target is eyas.target.rehearsal's: random weights with Kimi-K2.5's text widths (61 layers, hidden 7168, MLA,
@@ -52,8 +52,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="train: timed optimizer steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=3, help="train: untimed first steps (compilation, allocator)")
     parser.add_argument("--ttt-steps", type=int, default=7)
-    parser.add_argument("--attention", default=None, help="train: the TTT attention on the GPU (eyas.drafter.ttt.ATTENTION; "
-                        "default: eyas' own, CUDA_ATTENTION)")
+    parser.add_argument("--attention", default=None, help="train: the TTT attention(s) on the GPU, comma-separated: each timed "
+                        "on the same batches in this one process (eyas.drafter.ttt.ATTENTION; default: CUDA_ATTENTION)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reduced", action="store_true", help="the same run at eyas.target.rehearsal's reduced widths "
                         "(vocab 2,048, draft vocab 256): a CPU smoke run of a group before spending GPU time on it")
@@ -240,7 +240,7 @@ def train_group(args) -> dict:
     from eyas.train.options import TrainOptions
     from eyas.train.trainer import micro_batch, setup_training, training_autocast
 
-    ttt.CUDA_ATTENTION = args.attention or ttt.CUDA_ATTENTION
+    attentions = (args.attention or ttt.CUDA_ATTENTION).split(",")
     budget = args.token_budget or 8192
     steps = args.warmup + args.steps
     model, spec, loaded = make_target(args)
@@ -262,8 +262,6 @@ def train_group(args) -> dict:
     setup = setup_training(options, device, loaded)
     drafter, source, head, draft_ids = setup["drafter"], setup["source"], setup["head"], setup["draft_ids"]
     drafter.train()
-    if CUDA:  # from here: what training holds (offline, the target and its capture are gone)
-        torch.cuda.reset_peak_memory_stats()
     optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas,
                                   weight_decay=options.weight_decay)  # as the trainer builds it
     weights = [options.step_decay**k for k in range(options.ttt_steps)]
@@ -271,56 +269,63 @@ def train_group(args) -> dict:
     order = [i % len(source.batches) for i in range(steps + 3)]
     loader = Prefetcher(source)
     loader.ahead(order[:1])
-    counted = {"flops": 0.0, "teacher": 0.0, "tokens": 0}
     # tokens of each sample, by the positions the source's batches hold
     lengths = [len(s.input_ids) for s in source.samples] if hasattr(source, "samples") else source.store.lengths
 
-    def step(i: int, count: bool) -> None:
-        tallies = tuple(torch.zeros(options.ttt_steps, device=device) for _ in range(3))
-        loader.ahead(order[i + 1:i + 2])  # one step ahead, as the trainer reads
-        tokens = micro_batch(drafter, loader.batch(order[i]), head, draft_ids, options, weights, autocast, tallies)
-        tallies[0].cpu()  # the trainer reads the tallies back once a step
-        torch.nn.utils.clip_grad_norm_(drafter.trainable_parameters(), options.clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if count:
-            flops = training_flops(drafter.config, [lengths[j] for j in source.batches[order[i]]], options.ttt_steps)
-            counted["flops"] += flops.training
-            counted["teacher"] += flops.teacher
-            counted["tokens"] += tokens
+    def measure(attention: str) -> dict:
+        """Warm-up, timed steps and a profiled few with ``attention``, on the same batches as every other variant (the
+        drafter goes on training from where the last variant left it: its speed does not depend on its weights)."""
+        ttt.CUDA_ATTENTION = attention
+        counted = {"flops": 0.0, "teacher": 0.0, "tokens": 0}
 
-    for i in range(args.warmup):
-        step(i, False)
-    warmup_peak = peak_gib()
-    print(f"{args.warmup} warm-up steps done; peak {warmup_peak:.1f} GiB", flush=True)
-    sync()
-    if CUDA:
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    for i in range(args.warmup, steps):
-        step(i, True)
-    sync()
-    seconds = time.perf_counter() - start
+        def step(i: int, count: bool) -> None:
+            tallies = tuple(torch.zeros(options.ttt_steps, device=device) for _ in range(3))
+            loader.ahead(order[(i + 1) % len(order):(i + 1) % len(order) + 1])  # one step ahead, as the trainer reads
+            tokens = micro_batch(drafter, loader.batch(order[i]), head, draft_ids, options, weights, autocast, tallies)
+            tallies[0].cpu()  # the trainer reads the tallies back once a step
+            torch.nn.utils.clip_grad_norm_(drafter.trainable_parameters(), options.clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if count:
+                flops = training_flops(drafter.config, [lengths[j] for j in source.batches[order[i]]], options.ttt_steps)
+                counted["flops"] += flops.training
+                counted["teacher"] += flops.teacher
+                counted["tokens"] += tokens
 
-    def three_more():
-        for i in range(steps, steps + 3):
+        if CUDA:  # from here: what training holds (offline, the target and its capture are gone)
+            torch.cuda.reset_peak_memory_stats()
+        for i in range(args.warmup):
             step(i, False)
+        warmup_peak = peak_gib()
+        print(f"{attention}: {args.warmup} warm-up steps done; peak {warmup_peak:.1f} GiB", flush=True)
+        sync()
+        if CUDA:
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for i in range(args.warmup, steps):
+            step(i, True)
+        sync()
+        seconds = time.perf_counter() - start
+        busy = busy_share(lambda: [step(i, False) for i in range(steps, steps + 3)])
+        row = {"attention": attention if CUDA else "scores", "tokens_per_s": counted["tokens"] / seconds,
+               "step_s": seconds / args.steps, "peak_GiB": peak_gib(), "peak_GiB_with_warmup": warmup_peak,
+               "mfu_drafter": mfu(counted["flops"], seconds), "mfu_with_teacher": mfu(counted["flops"] + counted["teacher"], seconds),
+               "drafter_GFLOP_per_token": counted["flops"] / counted["tokens"] / 1e9, "busy": busy,
+               "one_h200_hours_training_per_epoch": {n: size / (counted["tokens"] / seconds) / 3600
+                                                     for n, size in (("17.3M", SEEDS_TOKENS), ("6B", LARGE_TOKENS))}}
+        for kernel in busy.get("top_kernels", [])[:8]:
+            print(f"  {kernel['share_of_busy']:6.1%}  {kernel['ms']:9.1f} ms  {kernel['name'][:110]}")
+        print(f"| train {args.mode} {row['attention']} | {row['tokens_per_s']:,.0f} tok/s | MFU {row['mfu_drafter']:.1%} | "
+              f"peak {row['peak_GiB']:.1f} GiB | busy {busy['gpu_busy_share']} |", flush=True)
+        return row
 
-    busy = busy_share(three_more)
+    rows = [measure(attention) for attention in attentions]
     loader.close()
-    result = {"mode": args.mode, "attention": ttt.CUDA_ATTENTION if CUDA else "scores", "token_budget": budget,
-              "ttt_steps": options.ttt_steps, "timed_steps": args.steps,
-              "tokens_per_s": counted["tokens"] / seconds, "step_s": seconds / args.steps,
-              "peak_GiB": peak_gib(), "peak_GiB_with_warmup": warmup_peak, "mfu_drafter": mfu(counted["flops"], seconds),
-              "mfu_with_teacher": mfu(counted["flops"] + counted["teacher"], seconds),
-              "drafter_GFLOP_per_token": counted["flops"] / counted["tokens"] / 1e9, "busy": busy,
-              "drafter_config": drafter.config.to_dict()}
-    result["one_h200_hours_training_per_epoch"] = {n: size / result["tokens_per_s"] / 3600
-                                                   for n, size in (("17.3M", SEEDS_TOKENS), ("6B", LARGE_TOKENS))}
-    for kernel in busy.get("top_kernels", [])[:8]:
-        print(f"  {kernel['share_of_busy']:6.1%}  {kernel['ms']:9.1f} ms  {kernel['name'][:110]}")
-    print(f"| train {args.mode} {result['attention']} | {result['tokens_per_s']:,.0f} tok/s | MFU {result['mfu_drafter']:.1%} | "
-          f"peak {result['peak_GiB']:.1f} GiB | busy {busy['gpu_busy_share']} |")
+    # the first variant's figures at the top level (as before variants), every variant under "variants"
+    result = {"mode": args.mode, "token_budget": budget, "ttt_steps": options.ttt_steps, "timed_steps": args.steps,
+              **rows[0], "drafter_config": drafter.config.to_dict(), "variants": rows}
+    for row in rows[1:]:
+        print(f"{row['attention']} vs {rows[0]['attention']}: {row['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}×")
     return result
 
 
