@@ -4,6 +4,7 @@ merged by log-sum-exp must give the reference's outputs *and gradients* — its 
 import pytest
 import torch
 
+from eyas.drafter.memory import saved_storages
 from eyas.drafter.split_attention import attend_split
 from eyas.drafter.ttt import attend_real_and_own, ttt_steps
 from test_drafter_consistency import random_drafter, tiny_config
@@ -14,6 +15,13 @@ def _inputs(own: int, tokens: int, dtype=torch.float32, seed=0):
     shape = (2, 3, tokens, 8)
     make = lambda: (torch.randn(shape, generator=gen) * 2).to(dtype).requires_grad_()  # noqa: E731 - sharper softmax
     return make(), make(), make(), [make() for _ in range(own)], [make() for _ in range(own)]
+
+
+def _unroll_batch(config, tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of random target states and token ids, ``tokens`` long, for a TTT unroll."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, tokens, config.aux_width, generator=gen),
+            torch.randint(0, config.vocab_size, (2, tokens), generator=gen))
 
 
 @pytest.mark.parametrize("own,tokens", [(1, 5), (3, 13), (6, 33)])
@@ -59,9 +67,7 @@ def test_a_backward_without_the_merged_correction_fails_the_same_comparison(monk
 def test_a_whole_ttt_unroll_trains_the_same_with_split_attention():
     """Every parameter's gradient of a 5-step unroll over right-padded rows, split against scores (fp32)."""
     config = tiny_config()
-    gen = torch.Generator().manual_seed(4)
-    aux = torch.randn(2, 17, config.aux_width, generator=gen)
-    ids = torch.randint(0, config.vocab_size, (2, 17), generator=gen)
+    aux, ids = _unroll_batch(config, 17, seed=4)
     grads = {}
     for attention in ("scores", "split"):
         drafter = random_drafter(config).train()
@@ -95,22 +101,12 @@ def test_the_unroll_keeps_less_for_backward_with_split_than_with_concat():
     """"split" keeps no [real ‖ own] key copies (concat's (k + 1)·T keys per step) and no stacked own keys: the
     memory of the TTT unroll, counted as the unique storages autograd saves."""
     config = tiny_config()
-    gen = torch.Generator().manual_seed(5)
-    aux = torch.randn(2, 96, config.aux_width, generator=gen)
-    ids = torch.randint(0, config.vocab_size, (2, 96), generator=gen)
+    aux, ids = _unroll_batch(config, 96, seed=5)
     kept = {}
     for attention in ("concat", "split"):
         drafter = random_drafter(config).train()
-        params = {p.untyped_storage()._cdata for p in drafter.parameters()}
-        saved: dict[int, int] = {}
-
-        def pack(t, saved=saved, params=params):
-            if t.untyped_storage()._cdata not in params:
-                saved[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            logits = list(ttt_steps(drafter, aux, ids, 7, attention=attention))
+        with saved_storages(drafter) as saved:
+            logits = list(ttt_steps(drafter, aux, ids, 7, attention=attention))  # alive while counted
         kept[attention] = sum(saved.values())
         del logits
     assert kept["split"] < 0.8 * kept["concat"], kept

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from unittest import mock
 
 import torch
@@ -24,6 +26,24 @@ class _FusedAttention(torch.autograd.Function):
         raise NotImplementedError
 
 
+@contextmanager
+def saved_storages(module: torch.nn.Module) -> Iterator[dict[int, int]]:
+    """Within the block: every storage autograd saves for backward, once, by its bytes (``module``'s parameters not
+    counted: they exist whether or not a graph is kept). Keep the saved tensors alive until the count is read, so no
+    storage is freed and its address reused."""
+    params = {p.untyped_storage()._cdata for p in module.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        key = t.untyped_storage()._cdata
+        if key not in params:
+            saved[key] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield saved
+
+
 def ttt_saved_bytes(config: DrafterConfig, rows: int, length: int, steps: int) -> int:
     """Bytes autograd keeps for backward over a TTT unroll and its loss at these widths (meta tensors, bf16 as autocast
     computes): the activation memory of a training micro-batch."""
@@ -38,20 +58,10 @@ def ttt_saved_bytes(config: DrafterConfig, rows: int, length: int, steps: int) -
         signal = TargetSignal(torch.empty(rows, length, config.draft_vocab_size), torch.zeros(rows, length, dtype=torch.long),
                               torch.ones(rows, length, dtype=torch.bool))
         mask = torch.ones(rows, length, dtype=torch.uint8)
-    params = {p.untyped_storage()._cdata for p in drafter.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        key = t.untyped_storage()._cdata
-        if key not in params:
-            saved[key] = t.untyped_storage().nbytes()
-        return t
-
     def sdpa(q, k, v, attn_mask=None, is_causal=False, **_):
         return _FusedAttention.apply(q, k, v, attn_mask if attn_mask is not None else torch.empty(0, device=q.device))
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-            mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", sdpa):
+    with saved_storages(drafter) as saved, mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", sdpa):
         kept = [step_loss(logits, signal, mask, k, compile=False).loss  # the trainer keeps every step's graph
                 for k, logits in enumerate(ttt_steps(drafter, aux, ids, steps, attention="concat"))]
     assert len(kept) == steps  # alive until here: no storage is freed and its address reused while counting
