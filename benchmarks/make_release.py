@@ -48,6 +48,8 @@ def tau_table(report: dict) -> str:
              f"{settings.get('device')}:", "",
              "| dataset | mode | prompts | τ | acceptance per position | tok/s spec / plain | speedup | greedy == plain |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    if report.get("partial"):  # a run stopped early (its time limit): the rows cover the prompts it measured
+        lines[2:2] = [f"**Partial**: {report['partial']}; each row counts the prompts it covers.", ""]
     for r in report["rows"]:
         same = "—" if r.get("matches_plain") is None else f"{r['matches_plain']}/{r['prompts']}"
         lines.append(f"| {r['dataset']} | {r['mode']} | {r['prompts']} | **{r['tau']:.2f}** | "

@@ -17,6 +17,7 @@ from eyas.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "benchmarks" / "results" / "2026-12-03_h200_release-mixing" / "compare"
+PARTIAL = ROOT / "benchmarks" / "results" / "2026-12-03_h200_release-final" / "t1" / "report.json"  # stopped at 24 of 30
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +68,17 @@ def test_without_benches_the_card_says_so_and_fp32_is_refused(run_dir, tmp_path,
     with pytest.raises(SystemExit, match="export it with --dtype bf16"):
         make_release(monkeypatch, tmp_path / "fp32", "--name", "wide", *common(run_dir, releases))
     assert not (releases / "wide").exists()
+
+
+def test_a_partial_bench_is_marked_under_its_own_heading(run_dir, tmp_path, monkeypatch):
+    export_run(run_dir, tmp_path / "draft", "bf16")
+    releases = tmp_path / "releases"
+    make_release(monkeypatch, tmp_path / "draft", "--name", "part", *common(run_dir, releases),
+                 "--bench", RECORDED / "bench-s-t0-all-b.json", "--bench", PARTIAL)
+    lines = (releases / "part" / "README.md").read_text().splitlines()
+
+    def under(heading):  # the second line under a report's heading: its table, or the mark of a partial report
+        return lines[next(n for n, line in enumerate(lines) if line.startswith(heading)) + 2]
+
+    assert under("`eyas bench` at T = 0.0").startswith("| dataset |")
+    assert under("`eyas bench` at T = 1.0").startswith("**Partial**: interrupted (SIGTERM) after 24 of 30 prompts")

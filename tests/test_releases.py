@@ -58,6 +58,7 @@ def test_every_released_drafter_passes_eyas_check(tmp_path):
     from eyas.export.check import check_draft_dir
 
     drafters = sorted({name.rsplit("/", 1)[0] for name in read_manifest() if name.endswith("/config.json")})
+    assert drafters, "releases/ holds no drafter"
     for folder in drafters:
         assert release_problems(RELEASES / folder) == [], folder
         result = check_draft_dir(RELEASES / folder)
