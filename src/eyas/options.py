@@ -128,6 +128,26 @@ def chat_template_file() -> Any:
                   "target without one, such as a base model)")
 
 
+def _key_value(text: str) -> bool:
+    key, sep, _ = text.partition("=")
+    return bool(sep) and key.strip().isidentifier()
+
+
+KEY_VALUE = Check(_key_value, "KEY=VALUE, e.g. max_num_seqs=16 (VALUE read as JSON where it parses)")
+
+
+def vllm_python_option() -> Any:
+    """The ``vllm_python`` field of every command that runs vLLM (capture, bench): one meaning."""
+    return option(None, "python of the vLLM environment (default: $EYAS_VLLM_PYTHON; `make vllm-venv` builds one with "
+                  "vLLM's CPU build)")
+
+
+def vllm_args_option(what: str) -> Any:
+    """The repeatable ``--vllm-arg KEY=VALUE`` field of every command that runs vLLM; ``what``: when it applies."""
+    return option(help=f"another LLM(...) argument for vLLM ({what}; repeatable)", flag="--vllm-arg", factory=list,
+                  check=each(KEY_VALUE))
+
+
 def force_option() -> Any:
     """The ``--force`` field of every stage that writes a directory (:func:`eyas.outputs.claim_out`): one meaning."""
     return option(False, "replace what --out already holds (other data, or this stage's earlier output: finished, made "

@@ -91,7 +91,8 @@ def _bench(options: BenchOptions, console: Console) -> Any:
         console.print(f"{result.partial}: wrote the partial report to {options.out}/report.json, report.md, acceptance.png "
                       "(no manifest.json); the same command measures every prompt", soft_wrap=True, highlight=False)
         return result
-    console.print(f"wrote {options.out}/report.json, report.md, acceptance.png", soft_wrap=True, highlight=False)
+    plots = "acceptance.png, speedup.png" if result.engines else "acceptance.png"
+    console.print(f"wrote {options.out}/report.json, report.md, {plots}", soft_wrap=True, highlight=False)
     return result
 
 

@@ -7,20 +7,37 @@ from pathlib import Path
 
 from eyas.data.benchmarks import DATASETS
 from eyas.engine.modes import MODE_SPELLING, parse_modes
-from eyas.options import Check, EngineOptions, at_least, each, force_option, one_of, option
+from eyas.options import (
+    Check,
+    EngineOptions,
+    at_least,
+    each,
+    force_option,
+    one_of,
+    option,
+    vllm_args_option,
+    vllm_python_option,
+)
+
+ENGINES = ("eyas", "vllm")
 
 
 @dataclass
 class BenchOptions(EngineOptions):
-    """Measure a drafter in eyas' engine: τ, acceptance per position, tokens/s speculative vs plain.
+    """Measure a drafter: τ, acceptance per position, tokens/s speculative vs plain — in eyas' engine, in vLLM, and
+    against running servers.
 
-    Every prompt is decoded without speculation and in every --mode, in one run on one machine; the
-    report gives each dataset's τ (1 + accepted / rounds, as vLLM counts it) and speedup.
+    Every prompt is decoded without speculation and in every --mode, in one run on one machine; the report gives
+    each dataset's τ (1 + accepted / rounds, as vLLM counts it) and speedup. --engine vllm runs the same prompts in
+    vLLM (chain modes; the drafter as its eagle3 method) at each --concurrency; --server URL measures a running
+    vLLM or SGLang server (and --server-plain URL the same target without speculation). With eyas and an engine
+    in one run the report compares them: τ ratio and, greedy in fp32, token-for-token equality.
     """
 
     target: str = option(help="the target the drafter serves")
-    draft: Path = option(help="DRAFT_DIR: eyas', SpecForge's, EAGLE's or speculators' layout")
     out: Path = option(help="REPORT_DIR: report.json, report.md, acceptance.png")
+    draft: Path | None = option(None, "DRAFT_DIR: eyas', SpecForge's, EAGLE's or speculators' layout (needed by the "
+                                "engines; a --server runs its own)")
     datasets: tuple[str, ...] = option(("mt-bench", "humaneval", "sharegpt-holdout"),
                                        "comma-separated: mt-bench, humaneval, sharegpt-holdout (needs --data)", flag="--dataset",
                                        check=each(one_of(*DATASETS)))
@@ -33,4 +50,25 @@ class BenchOptions(EngineOptions):
     max_prompt_tokens: int = option(1024, "longer prompts are skipped and counted", check=at_least(1))
     repeats: int = option(1, "decode each prompt this many times per decoder, taking turns; each prompt's median time "
                           "counts (steadier speedups on a busy machine)", check=at_least(1))
+    engines: tuple[str, ...] | None = option(None, "comma-separated: eyas (eyas' engine, one request at a time), vllm "
+                                             "(vLLM under --vllm-python, at each --concurrency); eyas,vllm runs both "
+                                             "side by side (default: eyas, or none with --server)", flag="--engine",
+                                             check=each(one_of(*ENGINES)))
+    concurrency: tuple[int, ...] = option((1, 4, 16), "requests in flight at once, comma-separated levels (--engine "
+                                          "vllm and --server; eyas' engine decodes one at a time)",
+                                          check=each(at_least(1)))
+    server: str | None = option(None, "base URL of a running OpenAI-compatible server (vLLM, SGLang) serving the target "
+                                "with its drafter, e.g. http://localhost:8000")
+    server_plain: str | None = option(None, "base URL of the same target served without speculation: --server's "
+                                      "baseline for the speedup")
+    server_model: str | None = option(None, "the model name the servers are asked for (default: the first one "
+                                      "GET /v1/models lists)")
+    vllm_python: str | None = vllm_python_option()
+    vllm_args: list[str] = vllm_args_option("--engine vllm")
     force: bool = force_option()
+
+    def chosen_engines(self) -> tuple[str, ...]:
+        """The engines this run decodes in: --engine, else eyas' own unless a --server is measured instead."""
+        if self.engines is not None:
+            return self.engines
+        return () if self.server else ("eyas",)

@@ -42,6 +42,7 @@ class ModeResult:
     accepted_per_position: list[float] = field(default_factory=list)
     matches_plain: int | None = None  # greedy only: outputs equal to the baseline's
     prompt_rates: list[float] = field(default_factory=list)  # each prompt's tokens/s, in prompt order
+    outputs: list[list[int]] = field(default_factory=list)  # each prompt's answer ids, in prompt order
 
     @property
     def tokens_per_second(self) -> float:
@@ -63,6 +64,8 @@ class BenchResult:
     settings: dict
     partial: str | None = None
     stopped_by: int = signal.SIGINT  # the signal that ended a partial run
+    engines: list = field(default_factory=list)  # serving-engine levels (eyas.bench.serving.Level), when measured
+    engine_notes: list[str] = field(default_factory=list)  # what the engines did not run, and why
 
     @property
     def exit_code(self) -> int:
@@ -168,6 +171,7 @@ def _add(result: ModeResult, generation: Generation, seconds: float) -> None:
     result.new_tokens += len(generation.tokens)
     result.seconds += seconds
     result.prompt_rates.append(len(generation.tokens) / seconds if seconds else 0.0)
+    result.outputs.append(list(generation.tokens))
     result.rounds += generation.rounds
     result.accepted += sum(generation.accepted)
     depth = generation.max_depth

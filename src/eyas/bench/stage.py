@@ -12,8 +12,8 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     REPORT_DIR is checked before anything runs; an interrupted run (Ctrl-C or SIGTERM) writes what it measured, marked partial,
     without manifest.json.
     """
-    from eyas.bench.report import REPORT_FILES, write_report
-    from eyas.bench.run import run_bench
+    from eyas.bench.report import MARKERS, write_report
+    from eyas.bench.run import BenchResult, run_bench
     from eyas.data.benchmarks import load_prompts
     from eyas.data.render import read_chat_template
     from eyas.engine.acceptance import Sampling
@@ -25,38 +25,118 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     from eyas.target.facts import target_facts, target_input
     from eyas.target.loading import load_target_config
 
-    previous = claim_out(options.out, "bench", options.force, REPORT_FILES)
+    engines = options.chosen_engines()
+    _check_choice(options, engines)
+    previous = claim_out(options.out, "bench", options.force, MARKERS)
     modes = parse_modes(options.modes)
     template = read_chat_template(options.chat_template)
     if options.data is not None:
         verify_stage_dir(options.data, "prepare")
     facts = target_facts(options.target, *load_target_config(options.target, options.trust_remote_code))
-    inputs = [target_input(facts), input_record("draft", options.draft)]
+    inputs = [target_input(facts)]
+    if options.draft is not None:
+        inputs.append(input_record("draft", options.draft))
     if options.data is not None:
         inputs.append(input_record("data", options.data))
     if previous is not None:  # the same target, drafter and data measured again replace the report; others only forced
         refuse_other_inputs(options.out, "bench", input_places(previous.get("inputs", [])), input_places(inputs),
                             options.force)
-    check_space(options.out, 2**20, options.force, "the report")  # report.json, report.md, acceptance.png: well under
-    target = load_target_for(options.draft, options.target, device=options.device, trust_remote_code=options.trust_remote_code)
-    chosen, dropped = load_prompts(list(options.datasets), target.tokenizer, options.data, options.prompts,
+    check_space(options.out, 2**20, options.force, "the report")  # report.json, report.md, the plots: well under
+    if "eyas" in engines:
+        target = load_target_for(options.draft, options.target, device=options.device,
+                                 trust_remote_code=options.trust_remote_code)
+        tokenizer, stops = target.tokenizer, None
+    else:  # the engines and servers load the target themselves: eyas needs its tokenizer only
+        target, (tokenizer, stops) = None, _tokenizer_and_stops(options.target, options.trust_remote_code,
+                                                               [d for d in options.datasets if d != "sharegpt-holdout"])
+    chosen, dropped = load_prompts(list(options.datasets), tokenizer, options.data, options.prompts,
                                    options.max_prompt_tokens, template)
     if not chosen:
         raise EyasError(f"no prompts left to benchmark (dropped: {dropped})")
-    # caches sized to the longest chosen prompt, not to --max-prompt-tokens: static-shape attention (CUDA graphs)
-    # spans the whole cache, and a multi-token step costs ~2× more over 2,048 slots than over 660 (BENCHMARKS.md)
-    capacity = target_capacity(max(len(prompt.input_ids) for prompt in chosen), options.max_new_tokens, modes)
-    engine = load_engine(options.target, options.draft, capacity, options.device, options.trust_remote_code,
-                         target=target, graphs=options.graphs, compile=options.compile, lean=options.lean, modes=modes)
     sampling = Sampling(temperature=options.temperature, top_p=options.top_p, seed=options.seed)
-    with progress_bar("bench", len(chosen), unit="prompt") as bar:
-        result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, sampling, options.max_new_tokens,
-                           engine.stop_ids, progress=bar if show_progress else None, repeats=options.repeats)
+    if target is not None:
+        # caches sized to the longest chosen prompt, not to --max-prompt-tokens: static-shape attention (CUDA graphs)
+        # spans the whole cache, and a multi-token step costs ~2× more over 2,048 slots than over 660 (BENCHMARKS.md)
+        capacity = target_capacity(max(len(prompt.input_ids) for prompt in chosen), options.max_new_tokens, modes)
+        engine = load_engine(options.target, options.draft, capacity, options.device, options.trust_remote_code,
+                             target=target, graphs=options.graphs, compile=options.compile, lean=options.lean,
+                             modes=modes)
+        stops = engine.stop_ids
+        with progress_bar("bench", len(chosen), unit="prompt") as bar:
+            result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, sampling,
+                               options.max_new_tokens, engine.stop_ids, progress=bar if show_progress else None,
+                               repeats=options.repeats)
+        result.settings["dtype"] = str(target.model.dtype).removeprefix("torch.")
+    else:
+        result = BenchResult(datasets={}, settings={"modes": [m.label() for m in modes], "temperature": options.temperature,
+                                                    "top_p": options.top_p, "max_new_tokens": options.max_new_tokens})
+    if result.partial is None:  # an interrupted eyas run reports what it measured; the engines are not started
+        run_engines(options, engines, chosen, modes, sorted(stops), result)
     header = {"target": options.target, "draft": str(options.draft), "datasets": ",".join(options.datasets),
               "dropped_prompts": dropped}
     with writing(options.out, "the measurements are lost: free space or choose another --out, then rerun"):
         clear_manifest(options.out)  # until the new report is complete, nothing claims REPORT_DIR is finished
-        write_report(result, options.out, header)
+        written = write_report(result, options.out, header)
         if result.partial is None:  # an interrupted run's report is not the stage's result
-            write_manifest(options.out, "bench", options, inputs, REPORT_FILES, target=facts)
+            write_manifest(options.out, "bench", options, inputs, written, target=facts)
     return result, header
+
+
+def _check_choice(options: BenchOptions, engines: tuple[str, ...]) -> None:
+    """What to measure must add up, before anything loads: one line saying what is missing."""
+    if options.server_plain and not options.server:
+        raise EyasError("--server-plain is the baseline of a --server: pass --server URL too")
+    if not engines and not options.server:
+        raise EyasError("nothing to measure: no --engine and no --server")
+    if engines and options.draft is None:
+        raise EyasError(f"--engine {','.join(engines)} needs --draft DRAFT_DIR (a --server runs the drafter it was "
+                        "started with: to measure only the server, leave --engine out)")
+
+
+def _tokenizer_and_stops(spec: str, trust_remote_code: bool, rendered: list[str]):
+    """The target's tokenizer and the ids that end a turn, without loading its weights; the ``rendered`` datasets
+    (their prompts are text) need the tokenizer, the holdout's are token ids already."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    from eyas.target.loading import load_tokenizer, resolve_target, stop_ids
+
+    source = resolve_target(spec)
+    tokenizer = load_tokenizer(source, trust_remote_code)
+    if tokenizer is None and rendered:
+        raise EyasError(f"{spec}: no tokenizer found in {source}; the bench renders {', '.join(rendered)} prompts with "
+                        "the target's own (--dataset sharegpt-holdout needs none)")
+    try:
+        generation = GenerationConfig.from_pretrained(source)
+    except OSError:
+        generation = None
+    return tokenizer, set(stop_ids(SimpleNamespace(generation_config=generation), tokenizer))
+
+
+def run_engines(options: BenchOptions, engines: tuple[str, ...], prompts, modes, stops: list[int], result) -> None:
+    """vLLM (--engine vllm) and the servers (--server), each at every --concurrency level, into ``result.engines``."""
+    from eyas.bench import server as servers
+    from eyas.bench.vllm_engine import BENCH_RESERVED
+    from eyas.capture.vllm_client import parse_vllm_args
+
+    if "vllm" in engines:
+        from eyas.bench.vllm_engine import run_vllm
+
+        measured = run_vllm(options.target, options.draft, prompts, modes, options.concurrency, options.max_new_tokens,
+                            options.temperature, options.top_p, options.seed, stops, options.out / "vllm",
+                            options.vllm_python, parse_vllm_args(options.vllm_args, BENCH_RESERVED))
+        result.engines += measured.levels
+        result.engine_notes += measured.notes
+        result.settings["vllm"] = measured.settings
+    if options.server:
+        measured_servers = [("speculative", servers.probe(options.server))]
+        if options.server_plain:
+            measured_servers.insert(0, ("plain", servers.probe(options.server_plain)))
+        model = servers.choose_model([s for _, s in measured_servers], options.server_model)
+        for mode, server in measured_servers:
+            for concurrency in options.concurrency:
+                result.engines.append(servers.run_level(server, model, mode, prompts, concurrency,
+                                                        options.max_new_tokens, options.temperature, options.top_p,
+                                                        options.seed, stops))
+        result.settings["server_model"] = model

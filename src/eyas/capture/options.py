@@ -7,20 +7,26 @@ import os
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
-from eyas.options import Check, Options, above, at_least, each, force_option, one_of, option, remote_code
+from eyas.options import (
+    Check,
+    Options,
+    above,
+    at_least,
+    each,
+    force_option,
+    one_of,
+    option,
+    remote_code,
+    vllm_args_option,
+    vllm_python_option,
+)
 
 
 def _json_object(text: str) -> bool:
     return isinstance(json.loads(text), dict)
 
 
-def _key_value(text: str) -> bool:
-    key, sep, _ = text.partition("=")
-    return bool(sep) and key.strip().isidentifier()
-
-
 JSON_OBJECT = Check(_json_object, "a JSON object")
-KEY_VALUE = Check(_key_value, "KEY=VALUE, e.g. max_num_seqs=16 (VALUE read as JSON where it parses)")
 
 
 def _writer_threads() -> int:
@@ -51,7 +57,7 @@ class CaptureOptions(Options):
     force: bool = force_option()
     engine: str = option("hf", "hf (in-process transformers) or vllm (vLLM's extract_hidden_states)",
                          check=one_of("hf", "vllm"))
-    vllm_python: str | None = option(None, "python of the vLLM environment (engine vllm)")
+    vllm_python: str | None = vllm_python_option()
     # The vLLM engine's settings (engine vllm): named as vLLM's own LLM(...) arguments; every value the worker used,
     # eyas' defaults included, is recorded in the store's manifest under "vllm_engine".
     vllm_dtype: str | None = option(None, "dtype vLLM computes in (engine vllm; default: auto on CUDA, float32 on CPU, "
@@ -67,9 +73,7 @@ class CaptureOptions(Options):
     compilation_config: str | None = option(None, "vLLM compilation config as JSON (engine vllm); a custom_ops entry "
                                             "naming rotary_embedding replaces eyas' CPU MLA rotary workaround "
                                             "(-rotary_embedding)", check=JSON_OBJECT)
-    vllm_args: list[str] = option(help="another LLM(...) argument for vLLM (engine vllm; repeatable)", flag="--vllm-arg",
-                                  factory=list,
-                                  check=each(KEY_VALUE))
+    vllm_args: list[str] = vllm_args_option("engine vllm")
     trust_remote_code: bool = remote_code()
     writer_threads: int = option(help="threads hashing and writing shards (default: half the cores, 2 to 4)",
                                  factory=_writer_threads, check=at_least(1))

@@ -50,8 +50,8 @@ def resolve_vllm_python(explicit: str | None = None) -> str:
         if candidate:
             return candidate
     raise EyasError(
-        "capturing with vLLM needs a Python environment that has vLLM: pass --vllm-python /path/to/venv/bin/python "
-        "or set EYAS_VLLM_PYTHON to it. `benchmarks/vllm_env.sh setup` builds one with vLLM's CPU build "
+        "running vLLM (capture or bench --engine vllm) needs a Python environment that has vLLM: pass --vllm-python "
+        "/path/to/venv/bin/python or set EYAS_VLLM_PYTHON to it. `benchmarks/vllm_env.sh setup` builds one with vLLM's CPU build "
         "(any venv with `pip install vllm` will do)"
     )
 
@@ -81,22 +81,30 @@ RESERVED_ARGS = ("model", "speculative_config", "kv_transfer_config", "enable_ch
 
 def engine_request(options) -> dict:
     """The LLM(...) arguments the user asked for (capture options; None = the worker's default): the named options,
-    then each ``--vllm-arg KEY=VALUE`` with VALUE parsed as JSON where it parses."""
+    then each ``--vllm-arg KEY=VALUE``."""
     request = {key: getattr(options, name) for key, name in VLLM_ARGS.items()}
     if request["compilation_config"] is not None:
         request["compilation_config"] = json.loads(request["compilation_config"])
-    for item in options.vllm_args:
+    return {**request, **parse_vllm_args(options.vllm_args, RESERVED_ARGS, VLLM_ARGS)}
+
+
+def parse_vllm_args(items: list[str], reserved: tuple[str, ...] = (), named: dict[str, str] | None = None) -> dict:
+    """``--vllm-arg KEY=VALUE`` items as LLM(...) arguments, VALUE parsed as JSON where it parses; a ``reserved`` key
+    (eyas sets it) or one with its own option (``named``: LLM(...) name → option name) is refused."""
+    named = named or {}
+    out: dict = {}
+    for item in items:
         key, _, text = item.partition("=")
         key = key.strip()
-        if key in RESERVED_ARGS:
-            raise EyasError(f"--vllm-arg {item!r}: eyas sets {key} itself for the capture; leave it out")
-        if key in VLLM_ARGS:
-            raise EyasError(f"--vllm-arg {item!r}: use --{VLLM_ARGS[key].replace('_', '-')} for {key}")
+        if key in reserved:
+            raise EyasError(f"--vllm-arg {item!r}: eyas sets {key} itself; leave it out")
+        if key in named:
+            raise EyasError(f"--vllm-arg {item!r}: use --{named[key].replace('_', '-')} for {key}")
         try:
-            request[key] = json.loads(text)
+            out[key] = json.loads(text)
         except json.JSONDecodeError:
-            request[key] = text
-    return request
+            out[key] = text
+    return out
 
 
 def worker_layer_ids(layer_ids: tuple[int, ...], num_layers: int) -> tuple[int, ...]:

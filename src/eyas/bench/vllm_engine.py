@@ -1,0 +1,101 @@
+"""``eyas bench --engine vllm``: the bench's prompts decoded by vLLM, without and with the drafter, at each
+concurrency level.
+
+vLLM runs under its own Python (the one ``eyas capture --engine vllm`` uses: --vllm-python or $EYAS_VLLM_PYTHON),
+one worker process per configuration (``vllm_worker.py``: plain, then each chain mode with the drafter as vLLM's
+``eagle3`` method). The worker's lines become :class:`~eyas.bench.serving.Level` records. vLLM drafts chains here:
+a tree mode is measured in eyas' engine only, and the result's notes say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from eyas.bench.serving import EngineResult, Level, Request
+from eyas.capture.vllm_client import _Worker, check_vllm_python, resolve_vllm_python
+from eyas.data.benchmarks import Prompt
+from eyas.engine.modes import Speculation
+from eyas.errors import EyasError
+from eyas.target.loading import resolve_target
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+REFUSED = 3  # the worker's exit status when vLLM refused a configuration (vllm_worker.REFUSED)
+# LLM(...) arguments the worker sets for the bench: --vllm-arg may not change them
+BENCH_RESERVED = ("model", "speculative_config", "max_num_seqs", "disable_log_stats")
+
+
+def vllm_configs(modes: list[Speculation], draft: Path | None) -> tuple[list[dict], list[str]]:
+    """The worker's configurations: plain, then one per chain mode; notes name the modes vLLM does not run here."""
+    configs: list[dict] = [{"name": "plain"}]
+    notes = []
+    for mode in modes:
+        if mode.mode == "chain" and draft is not None:
+            configs.append({"name": mode.label(), "draft": str(Path(draft).resolve()), "k": mode.draft_length})
+        elif mode.mode != "chain":
+            notes.append(f"{mode.label()}: measured in eyas' engine only (eyas bench drives vLLM's EAGLE-3 with chains)")
+    return configs, notes
+
+
+def run_vllm(target: str, draft: Path | None, prompts: list[Prompt], modes: list[Speculation], concurrency: tuple[int, ...],
+             max_new_tokens: int, temperature: float, top_p: float, seed: int, stop_ids: list[int], workdir: Path,
+             vllm_python: str | None = None, engine_args: dict | None = None) -> EngineResult:
+    """Run every configuration in vLLM (one worker process each) and return its levels, in order."""
+    python = resolve_vllm_python(vllm_python)
+    check_vllm_python(python)
+    configs, notes = vllm_configs(modes, draft)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    request = {"model": resolve_target(target), "prompts": [p.input_ids for p in prompts],
+               "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
+               "stop_ids": list(stop_ids), "concurrency": list(concurrency), "configs": configs,
+               "engine_args": engine_args or {}}
+    (workdir / "request.json").write_text(json.dumps(request), encoding="utf-8")
+    out = workdir / "levels.jsonl"
+    out.unlink(missing_ok=True)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on a CPU host; vLLM's default is larger
+    result = EngineResult(notes=notes)
+    for index, config in enumerate(configs):
+        worker = _Worker([python, str(WORKER), str(workdir / "request.json"), str(out), str(index)])
+        try:
+            code = worker.process.wait()
+            worker.returncode()
+        finally:
+            worker.stop()
+        lines = read_levels(out)
+        refused = [line for line in lines if line["config"] == config["name"] and "error" in line]
+        if refused or code == REFUSED:
+            what = f"the drafter {config.get('draft')}" if config.get("draft") else f"the target {request['model']}"
+            message = refused[0]["error"] if refused else worker.log_tail()
+            raise EyasError(f"vLLM refused {what} ({config['name']}): {message}")
+        if code != 0:
+            raise EyasError(f"the vLLM bench worker failed ({config['name']}, exit status {code}); the end of its log:\n"
+                            f"{worker.log_tail()}")
+    for line in read_levels(out):
+        result.levels.append(level_from_worker(line, prompts))
+        result.settings = line.get("engine_args", result.settings)
+    return result
+
+
+def read_levels(path: Path) -> list[dict]:
+    """The worker's complete lines so far."""
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8")
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
+def level_from_worker(line: dict, prompts: list[Prompt]) -> Level:
+    """One worker line as a :class:`Level`: requests in the prompts' order, with their datasets."""
+    histograms = line.get("histograms") or [None] * len(prompts)
+    requests = [Request(dataset=prompt.dataset, output_tokens=len(tokens), latency_s=latency, first_token_s=first,
+                        tokens=list(tokens), histogram=histogram)
+                for prompt, tokens, latency, first, histogram in zip(
+                    prompts, line["outputs"], line["latency_s"], line["first_token_s"], histograms, strict=True)]
+    counters = line.get("counters") if line["config"] != "plain" else None
+    note = "" if line["config"] == "plain" else "vLLM's per-request speculative metrics and spec_decode counters"
+    settings = line.get("engine_args", {})
+    where = ", ".join(f"{k}={settings[k]}" for k in ("dtype", "enforce_eager", "max_num_seqs") if k in settings)
+    return Level(engine="vllm", mode=line["config"], concurrency=line["concurrency"], seconds=line["seconds"],
+                 requests=requests, counters=counters, tau_note=note, where=where)
