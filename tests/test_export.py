@@ -61,6 +61,8 @@ def test_explicit_layer_ids_mean_the_same_in_both_engines(exported):
         draft_config(drafter, "deepseek_v3", 8, "bf16")  # SGLang's DeepSeek rule cannot express a first id of 1
     drafter.layer_ids = [2, 3, 6]
     assert draft_config(drafter, "deepseek_v3", 8, "bf16")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 3, 6]
+    drafter.layer_ids = [1, 2, 3]  # a 4-layer target has no default taps: its drafter's ids are written out, not refused
+    assert draft_config(drafter, "llama", 4, "bf16")["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
 
 
 def mutate_config(change):

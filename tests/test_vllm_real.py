@@ -147,3 +147,46 @@ def test_tensor_parallel_2_stores_the_states_of_tensor_parallel_1(root):
     worst = compare_stores(split, single)
     print(f"deepseek_v3: vLLM TP 2 vs TP 1, fp32: {describe_differences(worst)}")
     assert max(row["max_rel"] for row in worst.values()) < EXACT, worst
+
+
+def _eagle3_drafter(directory: Path) -> Path:
+    """A random EAGLE-3 drafter for the Llama target, exported as eyas exports (vLLM's CPU attention: head_dim 32)."""
+    from eyas.export.eagle3 import draft_config, draft_tensors
+    from eyas.export.files import write_draft_dir
+    from test_drafter_consistency import random_drafter, tiny_config
+    from test_import_layouts import weights
+
+    drafter = random_drafter(tiny_config(hidden_size=WIDTH, target_hidden_size=WIDTH, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=32, intermediate_size=256,
+                                         vocab_size=zoo.VOCAB, draft_vocab_size=100, layer_ids=list(LAYER_IDS)))
+    config = draft_config(drafter.config, "llama", LAYERS, "fp32")
+    write_draft_dir(directory, config, draft_tensors(weights(drafter), config, "fp32"), "")
+    return directory
+
+
+def test_bench_in_real_vllm_agrees_with_eyas_and_quotes_a_refusal(root):
+    """`eyas bench --engine eyas,vllm` through the real vLLM worker: both engines' greedy answers equal, plain and
+    speculative, at every concurrency level's first; a drafter directory without weights is refused with the message
+    the fake vLLM of tests/test_bench_engines.py quotes."""
+    target = _target(root, "llama")
+    draft = _eagle3_drafter(root / "draft-llama")
+    out = root / "bench-vllm"
+    done = _eyas("bench", "--target", target, "--draft", str(draft), "--out", str(out), "--engine", "eyas,vllm",
+                 "--vllm-python", _vllm_python(), "--dataset", "sharegpt-holdout", "--data", str(root / "data"),
+                 "--mode", "chain:2", "--concurrency", "1,2", "--max-new-tokens", "12", "--device", "cpu")
+    assert done.returncode == 0, done.stderr[-3000:]
+    engines = json.loads((out / "report.json").read_text())["engines"]
+    assert {(r["mode"], r["concurrency"]) for r in engines["rows"]} == {("plain", 1), ("plain", 2), ("chain:2", 1),
+                                                                        ("chain:2", 2)}
+    for row in engines["comparison"]:
+        assert row["equal_outputs"] == row["prompts"] > 0, row
+        if row["mode"] == "chain:2":
+            assert row["tau_engine"] == pytest.approx(row["tau_eyas"], rel=0.05), row
+    empty = root / "draft-without-weights"
+    empty.mkdir(exist_ok=True)
+    (empty / "config.json").write_text((draft / "config.json").read_text())
+    refused = _eyas("bench", "--target", target, "--draft", str(empty), "--out", str(root / "bench-refused"),
+                    "--engine", "vllm", "--vllm-python", _vllm_python(), "--dataset", "sharegpt-holdout", "--data",
+                    str(root / "data"), "--concurrency", "1", "--max-new-tokens", "4", "--device", "cpu")
+    assert refused.returncode == 2 and f"vLLM refused the drafter {empty}" in refused.stderr
+    assert "Cannot find any model weights" in refused.stderr

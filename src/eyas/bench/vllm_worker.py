@@ -118,6 +118,9 @@ def engine_arguments(request: dict, config: dict, rules) -> tuple[dict, list[str
     settings["max_num_seqs"] = max(request["concurrency"])
     settings["disable_log_stats"] = False  # get_metrics() needs the stats
     settings.setdefault("seed", request.get("seed", 0))
+    model = Path(request["model"])
+    if model.is_dir() and not any((model / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        settings["skip_tokenizer_init"] = True  # prompts and answers are token ids: a target without a tokenizer runs
     if config.get("draft"):
         settings["speculative_config"] = {"method": "eagle3", "model": config["draft"],
                                           "num_speculative_tokens": config["k"]}
