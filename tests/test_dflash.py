@@ -1,0 +1,145 @@
+"""The DFlash block drafter (eyas.drafter.dflash): training computes what drafting computes, block by block; a block
+sees only the context before its anchor and itself; the loss is the slots' weighted cross-entropy; the published
+layer-id rule in eyas' meaning."""
+
+import pytest
+import torch
+from torch import nn
+
+from eyas.drafter.dflash import (
+    DFlashConfig,
+    DFlashDrafter,
+    default_dflash_layer_ids,
+    dflash_ids,
+    dflash_loss,
+    propose,
+    sample_anchors,
+    training_mask,
+)
+
+VOCAB, TARGET_HIDDEN, BLOCK, MASK = 97, 24, 4, 96
+
+
+def build(layers: int = 2, seed: int = 0):
+    torch.manual_seed(seed)
+    config = DFlashConfig(hidden_size=32, target_hidden_size=TARGET_HIDDEN, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
+                          vocab_size=VOCAB, block_size=BLOCK, mask_token_id=MASK, layer_ids=[1, 3, 5])
+    drafter = DFlashDrafter(config).double()
+    for p in drafter.parameters():  # away from the identity init, so every piece matters
+        nn.init.normal_(p, std=0.3)
+    embed = nn.Embedding(VOCAB, 32).double().requires_grad_(False)
+    lm_head = torch.randn(VOCAB, 32, dtype=torch.float64)
+    return drafter, embed, lm_head
+
+
+def sequence(length: int = 20, seed: int = 1):
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(length, 3 * TARGET_HIDDEN, generator=generator, dtype=torch.float64)
+    ids = torch.randint(0, VOCAB - 1, (length,), generator=generator)
+    loss_mask = (torch.arange(length) >= 5).long()
+    return features, ids, loss_mask
+
+
+def block_logits_by_drafting(drafter, embed, lm_head, features, ids, anchor):
+    """One block as drafting runs it: the context cache of positions < anchor, then the block alone."""
+    context = drafter.context(features[None, :anchor])
+    cache = drafter.context_kv(context, torch.arange(anchor)[None])
+    tokens = torch.tensor([[ids[anchor].item()] + [MASK] * (BLOCK - 1)])
+    hidden = drafter.block_hidden(embed(tokens), anchor + torch.arange(BLOCK)[None], cache, None)
+    return hidden[0, 1:] @ lm_head.T
+
+
+def block_logits_by_training(drafter, embed, lm_head, features, ids, anchors):
+    """Every block in one forward over the whole sequence, as dflash_loss runs it: [n, B − 1, V]."""
+    context = drafter.context(features[None])
+    cache = drafter.context_kv(context, torch.arange(len(ids))[None])
+    tokens = torch.cat([torch.tensor([ids[a].item()] + [MASK] * (BLOCK - 1)) for a in anchors])
+    positions = (anchors[:, None] + torch.arange(BLOCK)).flatten()
+    hidden = drafter.block_hidden(embed(tokens)[None], positions[None], cache, training_mask(anchors, len(ids), BLOCK))
+    return hidden[0].view(len(anchors), BLOCK, -1)[:, 1:] @ lm_head.T
+
+
+def test_training_blocks_equal_drafting_blocks():
+    drafter, embed, lm_head = build()
+    features, ids, loss_mask = sequence()
+    anchors = torch.tensor([2, 7, 11, 16])
+    config = drafter.config
+    trained = block_logits_by_training(drafter, embed, lm_head, features, ids, anchors)
+    for j, anchor in enumerate(anchors.tolist()):
+        drafted = block_logits_by_drafting(drafter, embed, lm_head, features, ids, anchor)
+        torch.testing.assert_close(trained[j], drafted, rtol=1e-10, atol=1e-10)
+        greedy = propose(drafter, drafter.context_kv(drafter.context(features[None, :anchor]), torch.arange(anchor)[None]),
+                         ids[anchor].item(), anchor, embed, lm_head)
+        assert greedy.tolist() == drafted.argmax(-1).tolist()
+    assert config.block_size == BLOCK
+
+
+def test_a_block_sees_only_the_context_before_its_anchor_and_itself():
+    drafter, embed, lm_head = build()
+    features, ids, _ = sequence()
+    anchors = torch.tensor([4, 9, 14])
+    before = block_logits_by_training(drafter, embed, lm_head, features, ids, anchors)[1]
+    later, other = features.clone(), ids.clone()
+    later[9:] += 1.0  # the anchor's own states and everything after: not known when the block is drafted
+    other[4], other[14] = (other[4] + 1) % MASK, (other[14] + 1) % MASK  # the other blocks' anchor tokens
+    torch.testing.assert_close(block_logits_by_training(drafter, embed, lm_head, later, other, anchors)[1], before)
+    earlier = features.clone()
+    earlier[8] += 1.0  # the last context position before the anchor: it matters
+    assert not torch.allclose(block_logits_by_training(drafter, embed, lm_head, earlier, ids, anchors)[1], before)
+    mask = training_mask(torch.tensor([3, 8]), 12, BLOCK)
+    assert mask.shape == (2 * BLOCK, 12 + 2 * BLOCK)
+    assert mask[0, :3].all() and not mask[0, 3:12].any()  # block 0: context 0..2 only
+    assert mask[BLOCK, :8].all() and not mask[BLOCK, 8:12].any()
+    assert mask[:BLOCK, 12:12 + BLOCK].all() and not mask[:BLOCK, 12 + BLOCK:].any()  # its own rows, not block 1's
+    assert mask[BLOCK:, 12 + BLOCK:].all() and not mask[BLOCK:, 12:12 + BLOCK].any()
+
+
+def test_the_loss_is_the_slots_weighted_cross_entropy_and_trains_only_the_drafter():
+    drafter, embed, lm_head = build()
+    features, ids, loss_mask = sequence()
+    anchors = torch.tensor([4, 9, 15])
+    gamma = 2.0
+    result = dflash_loss(drafter, features, ids, loss_mask, anchors, embed, lm_head, gamma=gamma)
+    total, weight = 0.0, 0.0
+    for anchor in anchors.tolist():
+        logits = block_logits_by_drafting(drafter, embed, lm_head, features, ids, anchor)
+        for k in range(1, BLOCK):
+            w = loss_mask[anchor + k].item() * torch.exp(torch.tensor(-(k - 1) / gamma, dtype=torch.float64))
+            total += w * torch.nn.functional.cross_entropy(logits[k - 1][None], ids[anchor + k][None])
+            weight += w
+    torch.testing.assert_close(result.loss.double(), total / weight, rtol=1e-5, atol=1e-6)  # logits in fp32 for the loss
+    assert result.slots == sum(int(loss_mask[a + k]) for a in anchors.tolist() for k in range(1, BLOCK))
+    result.loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in drafter.parameters())
+    assert embed.weight.grad is None and not lm_head.requires_grad
+
+
+def test_anchors_have_a_trained_next_token_and_a_whole_block():
+    loss_mask = torch.tensor([0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1])
+    anchors = sample_anchors(loss_mask, BLOCK, 100)
+    assert anchors.tolist() == [a for a in range(1, 12 - BLOCK + 1) if loss_mask[a + 1]]
+    few = sample_anchors(loss_mask, BLOCK, 2, torch.Generator().manual_seed(0))
+    assert len(few) == 2 and set(few.tolist()) <= set(anchors.tolist()) and few.tolist() == sorted(few.tolist())
+    assert sample_anchors(torch.ones(3, dtype=torch.long), BLOCK, 10).numel() == 0  # too short for one block
+
+
+@pytest.mark.parametrize("target_layers, draft_layers, published", [(36, 5, [1, 9, 17, 25, 33]), (30, 1, [15]),
+                                                                     (61, 3, [1, 30, 58])])
+def test_default_layer_ids_are_the_published_rule_in_eyas_meaning(target_layers, draft_layers, published):
+    ids = default_dflash_layer_ids(target_layers, draft_layers)
+    assert dflash_ids(ids) == published  # DFlash counts layer outputs: eyas id = output id + 1
+    assert ids == [i + 1 for i in published]
+
+
+def test_parameter_names_are_the_checkpoint_names_vllm_loads():
+    """vLLM 0.32's DFlashQwen3 loader (qwen3_dflash.py load_weights): no `model.` prefix, Qwen3 layer names, no
+    embedding or lm_head (the target's are shared), no mask_hidden."""
+    drafter, _, _ = build(layers=2)
+    layer = {"input_layernorm.weight": [32], "post_attention_layernorm.weight": [32],
+             "self_attn.q_proj.weight": [32, 32], "self_attn.k_proj.weight": [16, 32], "self_attn.v_proj.weight": [16, 32],
+             "self_attn.o_proj.weight": [32, 32], "self_attn.q_norm.weight": [8], "self_attn.k_norm.weight": [8],
+             "mlp.gate_proj.weight": [48, 32], "mlp.up_proj.weight": [48, 32], "mlp.down_proj.weight": [32, 48]}
+    expected = {"fc.weight": [32, 3 * TARGET_HIDDEN], "hidden_norm.weight": [32], "norm.weight": [32],
+                **{f"layers.{i}.{name}": shape for i in range(2) for name, shape in layer.items()}}
+    assert {name: list(t.shape) for name, t in drafter.state_dict().items()} == expected
