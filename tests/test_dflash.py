@@ -143,3 +143,25 @@ def test_parameter_names_are_the_checkpoint_names_vllm_loads():
     expected = {"fc.weight": [32, 3 * TARGET_HIDDEN], "hidden_norm.weight": [32], "norm.weight": [32],
                 **{f"layers.{i}.{name}": shape for i in range(2) for name, shape in layer.items()}}
     assert {name: list(t.shape) for name, t in drafter.state_dict().items()} == expected
+
+
+def test_export_writes_what_vllm_reads_and_reads_back_the_same_drafter(tmp_path):
+    import json
+
+    from eyas.export.dflash import load_dflash_dir, write_dflash_dir
+
+    drafter, embed, lm_head = build(layers=2)
+    write_dflash_dir(tmp_path / "draft", drafter, "fp32", max_position_embeddings=2048)
+    config = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+    assert config["dflash_config"] == {"mask_token_id": MASK, "target_layer_ids": [0, 2, 4]}  # outputs of layers
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5] and "eagle_config" not in config
+    assert config["block_size"] == BLOCK and config["num_hidden_layers"] == 2
+    back = load_dflash_dir(tmp_path / "draft", torch.float64)
+    features, ids, _ = sequence()
+    torch.testing.assert_close(block_logits_by_drafting(back, embed, lm_head, features, ids, 9),
+                               block_logits_by_drafting(drafter, embed, lm_head, features, ids, 9), rtol=1e-5, atol=1e-5)  # fp32 on disk
+    config["architectures"] = ["LlamaForCausalLMEagle3"]
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception, match="not a DFlash drafter"):
+        load_dflash_dir(tmp_path / "draft")

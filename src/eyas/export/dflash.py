@@ -1,0 +1,115 @@
+"""A DFlash drafter directory in the format vLLM 0.32 serves (``speculative_config={"method": "dflash", "model": DIR,
+"num_speculative_tokens": block_size − 1}``), and back.
+
+config.json (read by vLLM's qwen3_dflash.py and speculative config, and by the published DFlash readers):
+``architectures: ["DFlashDraftModel"]`` (vLLM's registry key), ``model_type: "qwen3"`` with the Qwen3 shape fields,
+``block_size``, ``dflash_config: {mask_token_id, target_layer_ids}`` with DFlash's layer ids (the output of layer
+i = eyas id i + 1), and the eyas ids as ``eagle_aux_hidden_state_layer_ids``, which vLLM takes first and as they are.
+No ``eagle_config``: vLLM's runner lets one replace the DFlash ids. model.safetensors holds the drafter's own
+parameters under their names (fc, hidden_norm, layers.i.*, norm); the target's embedding and lm_head are shared, so
+they are not written (vLLM then uses the target's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from eyas.drafter.dflash import DFlashConfig, DFlashDrafter, dflash_ids
+from eyas.errors import EyasError
+from eyas.export.files import safetensors_header, weight_files, write_draft_dir
+
+ARCHITECTURE = "DFlashDraftModel"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def dflash_config_json(config: DFlashConfig, dtype: str, max_position_embeddings: int) -> dict:
+    """The drafter's config.json."""
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "qwen3",
+        "hidden_size": config.hidden_size,
+        "target_hidden_size": config.target_hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "intermediate_size": config.intermediate_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "max_position_embeddings": max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype],
+        "block_size": config.block_size,
+        "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": dflash_ids(config.layer_ids)},
+        "eagle_aux_hidden_state_layer_ids": list(config.layer_ids),
+    }
+
+
+def write_dflash_dir(out: Path, drafter: DFlashDrafter, dtype: str, max_position_embeddings: int, card: str = "") -> Path:
+    """The drafter as a directory vLLM's dflash method loads (config.json, model.safetensors, README.md)."""
+    tensors = {name: t.detach().to(DTYPES[dtype]).contiguous() for name, t in drafter.state_dict().items()}
+    return write_draft_dir(out, dflash_config_json(drafter.config, dtype, max_position_embeddings), tensors, card)
+
+
+def config_from_json(config: dict, where: str = "config.json") -> DFlashConfig:
+    """A DFlash config.json (eyas' or the published layout) → DFlashConfig; the eyas ids from
+    eagle_aux_hidden_state_layer_ids, else DFlash's target_layer_ids + 1."""
+    if ARCHITECTURE not in config.get("architectures", []):
+        raise EyasError(f"{where}: architectures {config.get('architectures')} is not [{ARCHITECTURE!r}]: not a DFlash drafter")
+    flash = config.get("dflash_config") or {}
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if ids is None and flash.get("target_layer_ids") is not None:
+        ids = [i + 1 for i in flash["target_layer_ids"]]
+    mask = flash.get("mask_token_id", config.get("mask_token_id"))
+    if ids is None or mask is None or "block_size" not in config:
+        raise EyasError(f"{where}: a DFlash config needs block_size, dflash_config.mask_token_id and the target layer ids")
+    heads = int(config["num_attention_heads"])
+    return DFlashConfig(
+        hidden_size=int(config["hidden_size"]), target_hidden_size=int(config.get("target_hidden_size") or config["hidden_size"]),
+        num_hidden_layers=int(config["num_hidden_layers"]), num_attention_heads=heads,
+        num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
+        intermediate_size=int(config["intermediate_size"]), vocab_size=int(config["vocab_size"]),
+        block_size=int(config["block_size"]), mask_token_id=int(mask), layer_ids=[int(i) for i in ids],
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(config.get("rope_theta", 1_000_000.0)))
+
+
+def load_dflash_dir(directory: Path, dtype: torch.dtype = torch.float32) -> DFlashDrafter:
+    """A DFlash drafter directory → the module, every parameter checked against its name and shape."""
+    import json
+
+    directory = Path(directory)
+    config = config_from_json(json.loads((directory / "config.json").read_text()), str(directory / "config.json"))
+    drafter = DFlashDrafter(config)
+    tensors = _read_raw(directory)
+    expected = {name: tuple(t.shape) for name, t in drafter.state_dict().items()}
+    found = {name: tuple(t.shape) for name, t in tensors.items() if name in expected}
+    missing = sorted(set(expected) - set(found))
+    wrong = sorted(n for n in found if found[n] != expected[n])
+    if missing or wrong:
+        raise EyasError(f"{directory}: not the DFlash drafter its config describes: missing {missing[:4]}, "
+                        f"wrong shapes {[(n, found[n], expected[n]) for n in wrong[:4]]}")
+    drafter.load_state_dict({name: tensors[name] for name in expected})
+    return drafter.to(dtype).eval()
+
+
+def _read_raw(directory: Path) -> dict[str, torch.Tensor]:
+    """The directory's tensors under their own names (a ``model.`` prefix dropped): DFlash's ``layers.i`` are not
+    EAGLE-3's single ``midlayer`` (:func:`eyas.export.files.eyas_name` would rename layer 0)."""
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    for path in weight_files(directory):
+        if path.suffix != ".safetensors":
+            raise EyasError(f"{path}: a DFlash drafter is read from safetensors only (no pickles)")
+        safetensors_header(path)
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 — safe_open is not a dict
+                out[name.removeprefix("model.")] = f.get_tensor(name)
+    return out
