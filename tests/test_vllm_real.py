@@ -190,3 +190,113 @@ def test_bench_in_real_vllm_agrees_with_eyas_and_quotes_a_refusal(root):
                     str(root / "data"), "--concurrency", "1", "--max-new-tokens", "4", "--device", "cpu")
     assert refused.returncode == 2 and f"vLLM refused the drafter {empty}" in refused.stderr
     assert "Cannot find any model weights" in refused.stderr
+
+
+_DFLASH_WORKER = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+if __name__ == "__main__":
+    target, draft, k, prompts, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+    spec = {"method": "dflash", "model": draft, "num_speculative_tokens": k} if draft != "-" else None
+    llm = LLM(model=target, dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=1,
+              disable_log_stats=False, speculative_config=spec, seed=0, skip_tokenizer_init=True)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], SamplingParams(temperature=0, max_tokens=24))
+    counters = {m.name: m.value for m in llm.get_metrics() if m.name in (
+        "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")}
+    json.dump({"tokens": [list(o.outputs[0].token_ids) for o in outs], "counters": counters}, open(out, "w"))
+"""
+
+
+def _dflash_in_vllm(root: Path, target: str, draft: Path | None, k: int, prompts: list[list[int]]) -> dict:
+    out = root / f"dflash-{draft.name if draft else 'plain'}.json"
+    done = subprocess.run([_vllm_python(), "-c", _DFLASH_WORKER, target, str(draft or "-"), str(k), json.dumps(prompts),
+                           str(out)], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _trained_dflash(root: Path, target: str, layers: int, layer_ids: list[int], same_k_norm: bool = False):
+    """A DFlash drafter trained a few seconds on the target's own greedy answers (so that drafts are accepted often
+    enough for τ to mean something), exported in fp32."""
+    from transformers import AutoModelForCausalLM
+
+    from eyas.drafter.dflash import DFlashConfig, DFlashDrafter, dflash_loss, sample_anchors
+    from eyas.export.dflash import write_dflash_dir
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(target).float().eval()
+    config = DFlashConfig(hidden_size=WIDTH, target_hidden_size=WIDTH, num_hidden_layers=layers, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=32, intermediate_size=256, vocab_size=zoo.VOCAB, block_size=4,
+                          mask_token_id=zoo.VOCAB - 1, layer_ids=layer_ids, rope_theta=10000.0)
+    drafter = DFlashDrafter(config)
+    for p in drafter.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    generator = torch.Generator().manual_seed(0)
+    data = []
+    with torch.no_grad():
+        for _ in range(64):
+            prompt = torch.randint(1, zoo.VOCAB - 6, (1, 8), generator=generator)
+            seq = model.generate(prompt, max_new_tokens=40, do_sample=False, pad_token_id=0)[0]
+            states = model(seq[None], output_hidden_states=True).hidden_states
+            data.append((seq, (torch.arange(len(seq)) >= 8).long(), torch.cat([states[i][0] for i in layer_ids], -1)))
+    embed, head = model.get_input_embeddings().requires_grad_(False), model.lm_head.weight.detach()
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    for step in range(3000):
+        seq, mask, features = data[step % len(data)]
+        loss = dflash_loss(drafter, features, seq, mask, sample_anchors(mask, 4, 16, generator), embed, head, gamma=4.0)
+        optimizer.zero_grad()
+        loss.loss.backward()
+        optimizer.step()
+    drafter.eval()
+    if same_k_norm:
+        with torch.no_grad():
+            for layer in drafter.layers[1:]:
+                layer.self_attn.k_norm.weight.copy_(drafter.layers[0].self_attn.k_norm.weight)
+    out = root / f"dflash-{layers}-{int(same_k_norm)}"
+    write_dflash_dir(out, drafter, "fp32", 256)
+    return model, drafter, out
+
+
+def _reference_dflash(model, drafter, prompt: list[int], max_new: int, k: int) -> tuple[list[int], int, int]:
+    """Greedy decoding with a DFlash drafter, written plainly: (answer, drafts accepted, verify rounds)."""
+    from eyas.drafter.dflash import propose
+
+    embed, head = model.get_input_embeddings(), model.lm_head.weight
+    ids = drafter.config.layer_ids
+    with torch.no_grad():
+        seq = prompt + [int(model(torch.tensor([prompt])).logits[0, -1].argmax())]
+        accepted = rounds = 0
+        while len(seq) - len(prompt) < max_new:
+            anchor = len(seq) - 1  # the last token: its target states are not known yet
+            states = model(torch.tensor([seq[:anchor]]), output_hidden_states=True).hidden_states
+            context = drafter.context(torch.cat([states[i] for i in ids], -1))
+            drafts = propose(drafter, drafter.context_kv(context, torch.arange(anchor)[None]), seq[anchor], anchor, embed,
+                             head)[:k].tolist()
+            choice = model(torch.tensor([seq + drafts])).logits[0, anchor:].argmax(-1).tolist()
+            n = 0
+            while n < k and drafts[n] == choice[n]:
+                n += 1
+            seq += drafts[:n] + [choice[n]]
+            accepted, rounds = accepted + n, rounds + 1
+    return seq[len(prompt):][:max_new], accepted, rounds
+
+
+@pytest.mark.parametrize("layers, layer_ids, same_k_norm", [(1, [1, 2, 3], False), (2, [1, 3], True)])
+def test_dflash_export_runs_in_real_vllm_with_eyas_acceptance(root, layers, layer_ids, same_k_norm):
+    """An eyas-exported DFlash drafter served by vLLM's `dflash` method: lossless, and exactly the drafts a plain
+    reference loop over eyas' drafter accepts (same counts), so the layout, layer ids, mask and positions mean the
+    same in both. Two layers are compared with equal k_norm weights: vLLM 0.32's CPU build normalises every layer's
+    context keys with layer 0's k_norm (a grouped rms_norm without a per-layer weight stride; measured, LOG), so with
+    different k_norms its acceptance differs from the model's."""
+    target = _target(root, "llama")
+    model, drafter, draft = _trained_dflash(root, target, layers, layer_ids, same_k_norm)
+    prompts = [[5 + i, 17, 33 + i, 90, 12, 7 + i, 44, 61] for i in range(4)]
+    ours = [_reference_dflash(model, drafter, p, 24, 3) for p in prompts]
+    plain, spec = _dflash_in_vllm(root, target, None, 3, prompts), _dflash_in_vllm(root, target, draft, 3, prompts)
+    assert spec["tokens"] == plain["tokens"] == [answer for answer, _, _ in ours]
+    counters = spec["counters"]
+    assert (counters["vllm:spec_decode_num_accepted_tokens"], counters["vllm:spec_decode_num_drafts"]) == (
+        sum(a for _, a, _ in ours), sum(r for _, _, r in ours))
+    assert sum(a for _, a, _ in ours) > 0  # drafts were accepted: the comparison has something to compare
