@@ -9,6 +9,7 @@ from torch import nn
 from eyas.drafter.dflash import (
     DFlashConfig,
     DFlashDrafter,
+    accepted_runs,
     default_dflash_layer_ids,
     dflash_ids,
     dflash_loss,
@@ -110,6 +111,14 @@ def test_the_loss_is_the_slots_weighted_cross_entropy_and_trains_only_the_drafte
             weight += w
     torch.testing.assert_close(result.loss.double(), total / weight, rtol=1e-5, atol=1e-6)  # logits in fp32 for the loss
     assert result.slots == sum(int(loss_mask[a + k]) for a in anchors.tolist() for k in range(1, BLOCK))
+    runs = []  # simulated τ: what the reference loop's verification would accept, block by block
+    for anchor in anchors.tolist():
+        drafts = block_logits_by_drafting(drafter, embed, lm_head, features, ids, anchor).argmax(-1).tolist()
+        n = 0
+        while n < BLOCK - 1 and drafts[n] == ids[anchor + 1 + n].item():
+            n += 1
+        runs.append(n)
+    assert result.tau == pytest.approx(1 + sum(runs) / len(runs))
     result.loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in drafter.parameters())
     assert embed.weight.grad is None and not lm_head.requires_grad
@@ -165,3 +174,8 @@ def test_export_writes_what_vllm_reads_and_reads_back_the_same_drafter(tmp_path)
     (tmp_path / "draft" / "config.json").write_text(json.dumps(config))
     with pytest.raises(Exception, match="not a DFlash drafter"):
         load_dflash_dir(tmp_path / "draft")
+
+
+def test_accepted_runs_stop_at_the_first_miss():
+    right = torch.tensor([[True, True, False, True], [False, True, True, True], [True, True, True, True]])
+    assert accepted_runs(right).tolist() == [2, 0, 4]

@@ -217,6 +217,12 @@ class BlockLoss:
     loss: torch.Tensor  # weighted mean cross-entropy over the trained block slots
     accuracy: list[float]  # per block slot 1 … B − 1: share of trained slots whose argmax is the label
     slots: int  # trained slots counted
+    tau: float  # simulated τ: 1 + the mean run of right slots from slot 1, over blocks whose every slot is trained
+
+
+def accepted_runs(right: torch.Tensor) -> torch.Tensor:
+    """[n, B − 1] slot hits → [n] drafts a greedy chain verification accepts: the run of hits from the first slot."""
+    return right.long().cumprod(dim=-1).sum(dim=-1)
 
 
 def dflash_loss(drafter: DFlashDrafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
@@ -248,7 +254,9 @@ def dflash_loss(drafter: DFlashDrafter, features: torch.Tensor, input_ids: torch
     loss = (each * weights).sum() / weights.sum().clamp_min(1e-9)
     right = (logits.argmax(-1) == labels) & trained
     accuracy = (right.sum(0).float() / trained.sum(0).clamp_min(1)).tolist()
-    return BlockLoss(loss=loss, accuracy=accuracy, slots=int(trained.sum()))
+    whole = trained.all(dim=-1)  # blocks whose labels are all the target's answer: what verification would see
+    tau = 1.0 + accepted_runs(right[whole]).float().mean().item() if whole.any() else 1.0
+    return BlockLoss(loss=loss, accuracy=accuracy, slots=int(trained.sum()), tau=tau)
 
 
 @torch.no_grad()
