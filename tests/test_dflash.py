@@ -179,3 +179,30 @@ def test_export_writes_what_vllm_reads_and_reads_back_the_same_drafter(tmp_path)
 def test_accepted_runs_stop_at_the_first_miss():
     right = torch.tensor([[True, True, False, True], [False, True, True, True], [True, True, True, True]])
     assert accepted_runs(right).tolist() == [2, 0, 4]
+
+
+def test_eyas_check_holds_a_dflash_directory_to_what_vllm_loads(tmp_path):
+    import json
+
+    from eyas.export.check import check_draft_dir
+    from eyas.export.dflash import write_dflash_dir
+    from eyas.export.fit import TargetSizes
+
+    drafter, _, _ = build(layers=2)
+    write_dflash_dir(tmp_path / "draft", drafter, "bf16", max_position_embeddings=2048)
+    assert check_draft_dir(tmp_path / "draft").ok
+    fits = TargetSizes("llama", 8, TARGET_HIDDEN, VOCAB)
+    assert check_draft_dir(tmp_path / "draft", fits).ok
+    other = check_draft_dir(tmp_path / "draft", TargetSizes("llama", 4, TARGET_HIDDEN * 2, VOCAB))
+    assert any("target_hidden_size 24" in e for e in other.errors) and any("layer ids [5]" in e for e in other.errors)
+    path = tmp_path / "draft" / "config.json"
+    good = json.loads(path.read_text())
+    for change, says in [(lambda c: c.update(eagle_config={"use_aux_hidden_state": True}), "has eagle_config"),
+                         (lambda c: c["dflash_config"].update(target_layer_ids=[1, 3, 5]), "name different states"),
+                         (lambda c: c["dflash_config"].update(mask_token_id=VOCAB), "outside the vocabulary"),
+                         (lambda c: c.update(num_hidden_layers=3), "not the DFlash drafter its config describes")]:
+        config = json.loads(json.dumps(good))
+        change(config)
+        path.write_text(json.dumps(config))
+        errors = check_draft_dir(tmp_path / "draft").errors
+        assert any(says in e for e in errors), (says, errors)

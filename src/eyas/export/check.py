@@ -13,6 +13,8 @@ import torch
 
 from eyas.errors import EyasError
 from eyas.export.contract import ARCHITECTURE, expected_shapes, flat_config
+from eyas.export.dflash import ARCHITECTURE as DFLASH
+from eyas.export.dflash import dflash_problems
 from eyas.export.files import eyas_name, read_shapes, read_tensors, safetensors_header, weight_files
 from eyas.export.fit import TargetSizes, fit_problems, read_draft_config
 from eyas.manifest import MANIFEST, REMEDIES, file_problem, output_problems, read_stage_manifest
@@ -43,6 +45,9 @@ def check_draft_dir(directory: Path, target: TargetSizes | None = None) -> Check
         config = read_draft_config(directory)
     except EyasError as err:
         result.errors.append(str(err))
+        return result
+    if DFLASH in config.get("architectures", []):  # the block drafter's own contract (vLLM's dflash method)
+        result.errors.extend(integrity_problems(directory) or dflash_problems(directory, config, target))
         return result
     if "speculators_model_type" in config:
         _check_speculators(config, result)

@@ -113,3 +113,45 @@ def _read_raw(directory: Path) -> dict[str, torch.Tensor]:
             for name in f.keys():  # noqa: SIM118 — safe_open is not a dict
                 out[name.removeprefix("model.")] = f.get_tensor(name)
     return out
+
+
+def dflash_problems(directory: Path, config: dict, target=None) -> list[str]:
+    """What keeps vLLM's dflash method from serving ``directory`` as this drafter means (``target``: a
+    :class:`eyas.export.fit.TargetSizes` the drafter must fit), one line each; [] when it passes."""
+    problems = []
+    where = f"{Path(directory) / 'config.json'}"
+    try:
+        parsed = config_from_json(config, where)
+    except EyasError as err:
+        return [str(err)]
+    if "eagle_config" in config:
+        problems.append(f"{where}: has eagle_config, which vLLM's runner lets replace dflash_config's layer ids: "
+                        "remove it")
+    flash_ids = (config.get("dflash_config") or {}).get("target_layer_ids")
+    if flash_ids is not None and list(flash_ids) != dflash_ids(parsed.layer_ids):
+        problems.append(f"{where}: dflash_config.target_layer_ids {list(flash_ids)} and eagle_aux_hidden_state_layer_ids "
+                        f"{parsed.layer_ids} name different states (DFlash's ids are eyas ids − 1)")
+    if not 0 <= parsed.mask_token_id < parsed.vocab_size:
+        problems.append(f"{where}: mask_token_id {parsed.mask_token_id} is outside the vocabulary (0 … {parsed.vocab_size - 1})")
+    if parsed.block_size < 2:
+        problems.append(f"{where}: block_size {parsed.block_size}: a block needs its anchor and at least one mask slot")
+    if target is not None:
+        if parsed.vocab_size != target.vocab_size:
+            problems.append(f"made for another target: vocab_size {parsed.vocab_size}, the target has {target.vocab_size}")
+        if parsed.target_hidden_size != target.hidden_size:
+            problems.append(f"made for another target: target_hidden_size {parsed.target_hidden_size}, the target's hidden "
+                            f"size is {target.hidden_size}")
+        outside = [i for i in parsed.layer_ids if not 1 <= i <= target.num_layers]
+        if outside:
+            problems.append(f"layer ids {outside} are outside the target's 1 … {target.num_layers}")
+    if problems:
+        return problems
+    try:
+        names = set(_read_raw(directory))
+        load_dflash_dir(directory)
+    except EyasError as err:
+        return [str(err)]
+    if "mask_hidden" in names:
+        problems.append("model.safetensors holds mask_hidden, which vLLM's DFlash loader refuses (masks are embedded "
+                        "through mask_token_id)")
+    return problems
