@@ -219,3 +219,22 @@ def test_rows_speedup_against_the_same_engine_and_level():
     assert by[("chain:2", 1)]["accepted_per_position"] == pytest.approx([0.75, 0.5])
     assert by[("chain:2", 1)]["tau_by_dataset"] == {"mt-bench": pytest.approx(2.25), "humaneval": pytest.approx(2.25)}
     assert by[("chain:2", 1)]["time_per_output_token_ms"] == pytest.approx(100.0)  # (1.0 − 0.1) s over 9 tokens
+
+
+def test_a_dflash_drafter_runs_in_vllm_with_its_block_and_not_in_eyas_engine(setup, fake_vllm, tmp_path):
+    from eyas.export.dflash import write_dflash_dir
+    from test_dflash import build
+
+    drafter, _, _ = build(layers=1)  # block 4: three proposals a round
+    write_dflash_dir(tmp_path / "dflash", drafter, "fp32", max_position_embeddings=256)
+    result = bench(setup, tmp_path / "report", "--draft", str(tmp_path / "dflash"), "--engine", "vllm",
+                   "--concurrency", "1")
+    assert result.exit_code == 0, result.output
+    engines = json.loads((tmp_path / "report" / "report.json").read_text())["engines"]
+    assert [r["mode"] for r in engines["rows"]] == ["plain", "dflash:3"]
+    assert any("DFlash drafter (block 4)" in note for note in engines["notes"])
+    calls = [json.loads(line) for line in fake_vllm.read_text().splitlines()]
+    assert calls[1]["speculative_config"] == {"method": "dflash", "model": str((tmp_path / "dflash").resolve()),
+                                              "num_speculative_tokens": 3}
+    refused = bench(setup, tmp_path / "other", "--draft", str(tmp_path / "dflash"), "--engine", "eyas,vllm")
+    assert refused.exit_code == 2 and "eyas' engine does not decode those yet" in refused.output

@@ -88,6 +88,12 @@ def _check_choice(options: BenchOptions, engines: tuple[str, ...]) -> None:
         raise EyasError("--server-plain is the baseline of a --server: pass --server URL too")
     if not engines and not options.server:
         raise EyasError("nothing to measure: no --engine and no --server")
+    if "eyas" in engines and options.draft is not None:
+        from eyas.bench.vllm_engine import dflash_block
+
+        if dflash_block(options.draft):
+            raise EyasError(f"{options.draft} is a DFlash drafter: eyas' engine does not decode those yet; measure it "
+                            "in vLLM with --engine vllm")
     if engines and options.draft is None:
         raise EyasError(f"--engine {','.join(engines)} needs --draft DRAFT_DIR (a --server runs the drafter it was "
                         "started with: to measure only the server, leave --engine out)")

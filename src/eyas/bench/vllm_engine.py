@@ -26,10 +26,29 @@ REFUSED = 3  # the worker's exit status when vLLM refused a configuration (vllm_
 BENCH_RESERVED = ("model", "speculative_config", "max_num_seqs", "disable_log_stats")
 
 
+def dflash_block(draft: Path | None) -> int | None:
+    """The block size of a DFlash drafter directory (vLLM's dflash method), None for any other drafter."""
+    from eyas.export.dflash import ARCHITECTURE
+
+    path = Path(draft) / "config.json" if draft is not None else None
+    if path is None or not path.is_file():
+        return None
+    config = json.loads(path.read_text(encoding="utf-8"))
+    return int(config.get("block_size", 0)) if ARCHITECTURE in config.get("architectures", []) else None
+
+
 def vllm_configs(modes: list[Speculation], draft: Path | None) -> tuple[list[dict], list[str]]:
-    """The worker's configurations: plain, then one per chain mode; notes name the modes vLLM does not run here."""
+    """The worker's configurations: plain, then one per chain mode (a DFlash drafter: its block, once); notes name
+    the modes vLLM does not run here."""
     configs: list[dict] = [{"name": "plain"}]
     notes = []
+    block = dflash_block(draft)
+    if block:  # one forward proposes block − 1 tokens: the drafter's shape fixes the round, --mode does not
+        configs.append({"name": f"dflash:{block - 1}", "draft": str(Path(draft).resolve()), "k": block - 1,
+                        "method": "dflash"})
+        notes.append(f"a DFlash drafter (block {block}): vLLM's dflash method, {block - 1} proposals a round; --mode "
+                     "applies to EAGLE-3 drafters")
+        return configs, notes
     for mode in modes:
         if mode.mode == "chain" and draft is not None:
             configs.append({"name": mode.label(), "draft": str(Path(draft).resolve()), "k": mode.draft_length})

@@ -7,7 +7,8 @@ measures must be vLLM's alone). eyas runs it as a subprocess (``eyas bench --eng
 
 REQUEST_JSON: ``{"model": HF dir, "prompts": [[ids...], ...], "max_new_tokens", "temperature", "top_p", "seed",
 "stop_ids": [...], "concurrency": [1, 4, 16], "configs": [{"name": "plain"}, {"name": "chain:5", "draft": DIR,
-"k": 5}], "engine_args": {LLM(...) arguments asked for, null = the worker's default}}``.
+"k": 5, "method": "eagle3" (the default) or "dflash"}], "engine_args": {LLM(...) arguments asked for, null = the
+worker's default}}``.
 
 The config CONFIG_INDEX (one process per config, so each ``LLM`` starts clean): its ``LLM`` (the drafter as vLLM's
 ``eagle3`` speculative method), then for each concurrency level
@@ -122,7 +123,7 @@ def engine_arguments(request: dict, config: dict, rules) -> tuple[dict, list[str
     if model.is_dir() and not any((model / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         settings["skip_tokenizer_init"] = True  # prompts and answers are token ids: a target without a tokenizer runs
     if config.get("draft"):
-        settings["speculative_config"] = {"method": "eagle3", "model": config["draft"],
+        settings["speculative_config"] = {"method": config.get("method", "eagle3"), "model": config["draft"],
                                           "num_speculative_tokens": config["k"]}
         # each request's verify steps by accepted drafts (vLLM 0.32+): τ per dataset from one pooled loop
         settings.setdefault("per_request_spec_decode_metrics", "summary")
