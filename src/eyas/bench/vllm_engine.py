@@ -33,8 +33,13 @@ def dflash_block(draft: Path | None) -> int | None:
     path = Path(draft) / "config.json" if draft is not None else None
     if path is None or not path.is_file():
         return None
-    config = json.loads(path.read_text(encoding="utf-8"))
-    return int(config.get("block_size", 0)) if ARCHITECTURE in config.get("architectures", []) else None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError):  # a damaged config: the drafter's own reader says so, naming the file
+        return None
+    if not isinstance(config, dict) or ARCHITECTURE not in (config.get("architectures") or []):
+        return None
+    return int(config.get("block_size", 0))
 
 
 def vllm_configs(modes: list[Speculation], draft: Path | None) -> tuple[list[dict], list[str]]:
