@@ -3,6 +3,8 @@ engines speedup.png (speedup vs concurrency) and vllm/ (the vLLM worker's reques
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from eyas.bench.run import BenchResult
@@ -127,21 +129,34 @@ def engine_markdown(result: BenchResult) -> list[str]:
     return lines
 
 
-def plot_speedup(result: BenchResult, path: Path) -> None:
-    """Speedup over the same engine's plain run against concurrency, one line per (engine, mode)."""
+@contextmanager
+def _plot(path: Path) -> Iterator:
+    """A 7 × 4 figure's axis to draw on; then the grid, a legend when something is labelled, and the PNG written
+    atomically to ``path``."""
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # no display on servers and CI
     from matplotlib import pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4))
+    try:
+        yield axis
+        axis.grid(alpha=0.3)
+        if axis.get_legend_handles_labels()[1]:
+            axis.legend(fontsize=7)
+        figure.tight_layout()
+        with atomic_path(path) as tmp:
+            figure.savefig(tmp, format="png", dpi=120)
+    finally:
+        plt.close(figure)
+
+
+def plot_speedup(result: BenchResult, path: Path) -> None:
+    """Speedup over the same engine's plain run against concurrency, one line per (engine, mode)."""
     lines: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for r in engine_rows(result.engines):
         if r["speedup"] is not None:
             lines.setdefault((r["engine"], r["mode"]), []).append((r["concurrency"], r["speedup"]))
-    for (engine, mode), points in lines.items():
-        points.sort()
-        axis.plot([c for c, _ in points], [x for _, x in points], marker="o", label=f"{engine} {mode}")
     pooled: dict[str, list[float]] = {}  # eyas' engine, one request at a time: pooled over datasets, a point at 1
     for results in result.datasets.values():
         for mode in results:
@@ -149,47 +164,31 @@ def plot_speedup(result: BenchResult, path: Path) -> None:
             totals[0] += mode.new_tokens
             totals[1] += mode.seconds
     plain = pooled.pop("plain", None)
-    for mode, (tokens, seconds) in pooled.items():
-        if plain and plain[0] and seconds:
-            axis.plot([1], [(tokens / seconds) / (plain[0] / plain[1])], marker="s", linestyle="none",
-                      label=f"eyas {mode} (one request at a time)")
-            lines.setdefault(("eyas", mode), [])
-    axis.axhline(1.0, color="grey", linewidth=0.8)
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("concurrency (requests in flight)")
-    axis.set_ylabel("speedup over plain decoding")
-    axis.grid(alpha=0.3)
-    if lines:
-        axis.legend(fontsize=7)
-    figure.tight_layout()
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=120)
-    plt.close(figure)
+    with _plot(path) as axis:
+        for (engine, mode), points in lines.items():
+            points.sort()
+            axis.plot([c for c, _ in points], [x for _, x in points], marker="o", label=f"{engine} {mode}")
+        for mode, (tokens, seconds) in pooled.items():
+            if plain and plain[0] and seconds:
+                axis.plot([1], [(tokens / seconds) / (plain[0] / plain[1])], marker="s", linestyle="none",
+                          label=f"eyas {mode} (one request at a time)")
+        axis.axhline(1.0, color="grey", linewidth=0.8)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrency (requests in flight)")
+        axis.set_ylabel("speedup over plain decoding")
 
 
 def plot_acceptance(result: BenchResult, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers and CI
-    from matplotlib import pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4))
     curves = [(f"{r['dataset']} {r['mode']} (τ {r['tau']:.2f})", r["accepted_per_position"]) for r in rows(result)]
     lowest = min((r["concurrency"] for r in engine_rows(result.engines)), default=None)
     curves += [(f"{r['engine']} {r['mode']}, concurrency {r['concurrency']} (τ {r['tau']:.2f})", r["accepted_per_position"])
                for r in engine_rows(result.engines) if r["accepted_per_position"] and r["concurrency"] == lowest]
-    for label, shares in curves:
-        axis.plot(range(1, len(shares) + 1), shares, marker="o", label=label)
-    axis.set_xlabel("draft depth")
-    axis.set_ylabel("share of rounds accepted to this depth")
-    axis.set_ylim(0, 1)
-    axis.grid(alpha=0.3)
-    if curves:
-        axis.legend(fontsize=7)
-    figure.tight_layout()
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=120)
-    plt.close(figure)
+    with _plot(path) as axis:
+        for label, shares in curves:
+            axis.plot(range(1, len(shares) + 1), shares, marker="o", label=label)
+        axis.set_xlabel("draft depth")
+        axis.set_ylabel("share of rounds accepted to this depth")
+        axis.set_ylim(0, 1)
 
 
 def write_report(result: BenchResult, out: Path, header: dict) -> tuple[str, ...]:

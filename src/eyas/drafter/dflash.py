@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, rotate_half
 
 
 @dataclass
@@ -64,18 +65,6 @@ def dflash_ids(layer_ids: list[int]) -> list[int]:
     return [i - 1 for i in layer_ids]
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, width: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        wide = x.float()
-        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * wide.to(x.dtype)
-
-
 def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [..., n, head_dim] for ``positions`` [..., n] (rotate-half, "neox" style, as Qwen3 and vLLM)."""
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
@@ -86,9 +75,7 @@ def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtyp
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, h, n, d] rotated by cos/sin [B, n, d]."""
-    half = x.shape[-1] // 2
-    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + turned * sin[:, None]
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 class DFlashAttention(nn.Module):
@@ -99,8 +86,8 @@ class DFlashAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (k_norm, RoPE) and values [B, kv_heads, n, d] of rows ``x`` [B, n, H]."""
@@ -139,9 +126,9 @@ class DFlashMLP(nn.Module):
 class DFlashLayer(nn.Module):
     def __init__(self, config: DFlashConfig):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.self_attn = DFlashAttention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = DFlashMLP(config)
 
     def forward(self, x, cos, sin, context_k, context_v, mask):
@@ -157,9 +144,9 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         self.config = config
         self.fc = nn.Linear(len(config.layer_ids) * config.target_hidden_size, config.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def context(self, features: torch.Tensor) -> torch.Tensor:
         """Target states at the tapped ids, concatenated [B, T, A·Ht] → the context rows [B, T, H]."""

@@ -18,10 +18,10 @@ import torch
 
 from eyas.drafter.dflash import DFlashConfig, DFlashDrafter, dflash_ids
 from eyas.errors import EyasError
+from eyas.export.eagle3 import TORCH_DTYPES, torch_dtype_name
 from eyas.export.files import safetensors_header, weight_files, write_draft_dir
 
 ARCHITECTURE = "DFlashDraftModel"
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def dflash_config_json(config: DFlashConfig, dtype: str, max_position_embeddings: int) -> dict:
@@ -44,7 +44,7 @@ def dflash_config_json(config: DFlashConfig, dtype: str, max_position_embeddings
         "vocab_size": config.vocab_size,
         "attention_bias": False,
         "tie_word_embeddings": False,
-        "torch_dtype": {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype],
+        "torch_dtype": torch_dtype_name(dtype),
         "block_size": config.block_size,
         "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": dflash_ids(config.layer_ids)},
         "eagle_aux_hidden_state_layer_ids": list(config.layer_ids),
@@ -53,7 +53,7 @@ def dflash_config_json(config: DFlashConfig, dtype: str, max_position_embeddings
 
 def write_dflash_dir(out: Path, drafter: DFlashDrafter, dtype: str, max_position_embeddings: int, card: str = "") -> Path:
     """The drafter as a directory vLLM's dflash method loads (config.json, model.safetensors, README.md)."""
-    tensors = {name: t.detach().to(DTYPES[dtype]).contiguous() for name, t in drafter.state_dict().items()}
+    tensors = {name: t.detach().to(TORCH_DTYPES[dtype]).contiguous() for name, t in drafter.state_dict().items()}
     return write_draft_dir(out, dflash_config_json(drafter.config, dtype, max_position_embeddings), tensors, card)
 
 

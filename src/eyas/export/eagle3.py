@@ -18,6 +18,11 @@ from eyas.target.layer_ids import LayerIdError, default_layer_ids, sglang_spelli
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+def torch_dtype_name(dtype: str) -> str:
+    """config.json's ``torch_dtype`` for an export dtype: bf16 → "bfloat16"."""
+    return str(TORCH_DTYPES[dtype]).removeprefix("torch.")
+
+
 def draft_config(config: DrafterConfig, target_model_type: str, target_layers: int, dtype: str) -> dict:
     """The drafter's ``config.json``."""
     if config.norm_before_residual:
@@ -42,7 +47,7 @@ def draft_config(config: DrafterConfig, target_model_type: str, target_layers: i
         "draft_vocab_size": config.draft_vocab_size,
         "tie_word_embeddings": False,
         "attention_bias": False,
-        "torch_dtype": {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype],
+        "torch_dtype": torch_dtype_name(dtype),
         "eagle_config": {"use_aux_hidden_state": True},
     }
     if rope.get("rope_type", "default") != "default":
