@@ -12,30 +12,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import zoo
 from eyas.bench.server import acceptance_counters, parse_metrics
 from eyas.bench.serving import Level, Request, engine_rows
 from eyas.cli import app
-from eyas.export.eagle3 import draft_config, draft_tensors
-from eyas.export.files import write_draft_dir
 from fake_servers import FakeServer
-from test_import_layouts import weights
+from test_bench import setup  # noqa: F401 — the bench tests' tiny target, DATA_DIR and drafter
 
 FAKE_VLLM = Path(__file__).with_name("fake_vllm")
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    from test_drafter_consistency import random_drafter, tiny_config
-
-    root = tmp_path_factory.mktemp("engines")
-    target = zoo.save_tiny_target(root / "target")
-    data = root / "data"
-    zoo.write_data_dir(data, sizes=(("train", 6), ("holdout", 5)))
-    drafter = random_drafter(tiny_config(vocab_size=256, draft_vocab_size=100))
-    config = draft_config(drafter.config, "llama", zoo.LAYERS, "fp32")
-    write_draft_dir(root / "draft", config, draft_tensors(weights(drafter), config, "fp32"), "")
-    return root, target, data
 
 
 @pytest.fixture
@@ -48,13 +31,13 @@ def fake_vllm(monkeypatch, tmp_path):
     return record
 
 
-def bench(setup, out, *flags):
-    root, target, data = setup
+def bench(made, out, *flags):
+    root, target, data = made
     return CliRunner().invoke(app, ["bench", "--target", target, "--out", str(out), "--dataset", "sharegpt-holdout",
                                     "--data", str(data), "--max-new-tokens", "10", "--device", "cpu", *flags])
 
 
-def test_vllm_beside_eyas_levels_tau_and_token_equality(setup, fake_vllm, tmp_path):
+def test_vllm_beside_eyas_levels_tau_and_token_equality(setup, fake_vllm, tmp_path):  # noqa: F811
     root, _, _ = setup
     result = bench(setup, tmp_path / "report", "--draft", str(root / "draft"), "--engine", "eyas,vllm",
                    "--mode", "chain:3,tree:8,3,3", "--concurrency", "1,2")
@@ -94,7 +77,7 @@ def test_vllm_beside_eyas_levels_tau_and_token_equality(setup, fake_vllm, tmp_pa
     assert "speedup.png" in json.dumps(manifest)
 
 
-def test_vllm_refusing_the_drafter_is_one_line_with_its_own_message(setup, fake_vllm, tmp_path):
+def test_vllm_refusing_the_drafter_is_one_line_with_its_own_message(setup, fake_vllm, tmp_path):  # noqa: F811
     root, _, _ = setup
     broken = tmp_path / "draft"
     broken.mkdir()
@@ -105,7 +88,7 @@ def test_vllm_refusing_the_drafter_is_one_line_with_its_own_message(setup, fake_
     assert f"Cannot find any model weights with `{broken}`" in result.output
 
 
-def test_no_vllm_python_and_a_python_without_vllm(setup, monkeypatch, tmp_path):
+def test_no_vllm_python_and_a_python_without_vllm(setup, monkeypatch, tmp_path):  # noqa: F811
     root, _, _ = setup
     monkeypatch.delenv("EYAS_VLLM_PYTHON", raising=False)
     result = bench(setup, tmp_path / "a", "--draft", str(root / "draft"), "--engine", "vllm")
@@ -115,14 +98,14 @@ def test_no_vllm_python_and_a_python_without_vllm(setup, monkeypatch, tmp_path):
     assert result.exit_code == 2 and "cannot import vllm" in result.output
 
 
-def test_what_to_measure_must_add_up(setup, tmp_path):
+def test_what_to_measure_must_add_up(setup, tmp_path):  # noqa: F811
     result = bench(setup, tmp_path / "a", "--engine", "vllm")
     assert result.exit_code == 2 and "--engine vllm needs --draft DRAFT_DIR" in result.output
     result = bench(setup, tmp_path / "b", "--server-plain", "http://127.0.0.1:9")
     assert result.exit_code == 2 and "pass --server URL too" in result.output
 
 
-def test_a_vllm_server_against_its_plain_twin_and_eyas(setup, tmp_path):
+def test_a_vllm_server_against_its_plain_twin_and_eyas(setup, tmp_path):  # noqa: F811
     root, target, _ = setup
     with FakeServer("vllm", target) as speculative, FakeServer("vllm", target, speculative=False) as plain:
         result = bench(setup, tmp_path / "report", "--draft", str(root / "draft"), "--engine", "eyas", "--mode",
@@ -151,7 +134,7 @@ def test_a_vllm_server_against_its_plain_twin_and_eyas(setup, tmp_path):
     ("sglang-old", False, "only sglang:spec_accept_length"),
     ("sglang-nometrics", False, "--enable-metrics"),
 ])
-def test_sglang_servers_give_tau_only_where_they_count_it(setup, tmp_path, kind, has_tau, says):
+def test_sglang_servers_give_tau_only_where_they_count_it(setup, tmp_path, kind, has_tau, says):  # noqa: F811
     _, target, _ = setup
     with FakeServer(kind, target) as server:
         result = bench(setup, tmp_path / "report", "--server", server.url, "--concurrency", "2")
@@ -163,7 +146,7 @@ def test_sglang_servers_give_tau_only_where_they_count_it(setup, tmp_path, kind,
         assert says in (tmp_path / "report" / "report.md").read_text()
 
 
-def test_server_errors_are_one_clear_line(setup, tmp_path):
+def test_server_errors_are_one_clear_line(setup, tmp_path):  # noqa: F811
     _, target, _ = setup
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -221,7 +204,7 @@ def test_rows_speedup_against_the_same_engine_and_level():
     assert by[("chain:2", 1)]["time_per_output_token_ms"] == pytest.approx(100.0)  # (1.0 − 0.1) s over 9 tokens
 
 
-def test_a_dflash_drafter_runs_in_vllm_with_its_block_and_not_in_eyas_engine(setup, fake_vllm, tmp_path):
+def test_a_dflash_drafter_runs_in_vllm_with_its_block_and_not_in_eyas_engine(setup, fake_vllm, tmp_path):  # noqa: F811
     from eyas.export.dflash import write_dflash_dir
     from test_dflash import build
 
