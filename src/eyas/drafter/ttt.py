@@ -16,9 +16,11 @@ equal up to rounding (tests pin them together), named by ``attention``:
   - "concat": one fused ``scaled_dot_product_attention`` over [real keys ‖ each step's own keys]
     under a [T, (k+1)·T] mask: k+1 times the keys, most of them masked, but the kernel (cuDNN)
     never writes the scores to memory, which makes a training step faster than writing the scores out
-    (``benchmarks/train_profile.py`` measures both); the default on a GPU (CUDA_ATTENTION);
+    (``benchmarks/train_profile.py`` measures both);
   - "split": a causal flash kernel over the real keys and one dot product per own key, merged by their
-    log-sum-exp (eyas.drafter.split_attention): no masked score is computed at all;
+    log-sum-exp (eyas.drafter.split_attention): no masked score is computed at all; the default on a GPU
+    (CUDA_ATTENTION): on an H200 it trained 1.86× concat's tokens/s at the demo target's widths and 1.40× at
+    Kimi-K2.5's (benchmarks/LOG.md, "The released drafter" and "Kimi-K2.5 scale … split attention");
   - "scores": the scores as they are: the real keys' [B, h, T, T] once and each earlier step's own
     key as one dot product per position; the default elsewhere. On a CPU, SDPA with a mask
     materialises every masked score, so the concatenation would cost k+1 times the work and memory.
@@ -35,7 +37,7 @@ from eyas.drafter.model import Eagle3Drafter
 from eyas.drafter.split_attention import attend_split
 
 ATTENTION = ("scores", "concat", "split")
-CUDA_ATTENTION = "concat"  # how steps after the first attend on a GPU (benchmarks/ttt_attention_gpu.py measures them)
+CUDA_ATTENTION = "split"  # how steps after the first attend on a GPU (benchmarks/kimi_scale.py --attention concat,split measures them)
 
 
 def shift_left(x: torch.Tensor, by: int, fill=0) -> torch.Tensor:
