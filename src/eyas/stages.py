@@ -65,8 +65,11 @@ def _train(options: TrainOptions, console: Console) -> Any:
     if first and last:
         console.print(f"holdout: loss {first['loss']:.3f} → {last['loss']:.3f}; step-0 acceptance "
                       f"{first['acceptance_cumulative'][0]:.3f} → {last['acceptance_cumulative'][0]:.3f}; "
-                      f"simulated τ {first['tau']:.2f} → {last['tau']:.2f} (first answers' first 128 tokens: "
-                      f"{first['tau_answer_start']:.2f} → {last['tau_answer_start']:.2f})", soft_wrap=True)
+                      f"simulated τ {first['tau']:.2f} → {last['tau']:.2f}" + (
+                          f" (first answers' first 128 tokens: {first['tau_answer_start']:.2f} → "
+                          f"{last['tau_answer_start']:.2f})" if "tau_answer_start" in last else
+                          f" (DFlash: a chain of {len(last['accuracy'])} drafts at every evaluated block)"),
+                      soft_wrap=True)
     elif last:
         console.print(f"holdout: simulated τ {last['tau']:.2f}", soft_wrap=True)
     elif report.steps:

@@ -23,7 +23,7 @@ configs count "the output of layer i", which is eyas id i + 1 (:func:`dflash_ids
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,47 @@ class DFlashConfig:
     layer_ids: list[int]
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+
+    def to_dict(self) -> dict:
+        """JSON-ready, with the family named (RUN_DIR's drafter_config.json: ``"drafter": "dflash"``)."""
+        return {FAMILY_KEY: FAMILY, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DFlashConfig:
+        """Inverse of :meth:`to_dict` (unknown keys ignored)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+FAMILY_KEY, FAMILY = "drafter", "dflash"  # how a drafter_config.json says which family it describes (absent: EAGLE-3)
+
+
+def is_dflash_config(data: dict) -> bool:
+    """Whether a RUN_DIR drafter_config.json describes a DFlash drafter."""
+    return data.get(FAMILY_KEY) == FAMILY
+
+
+def dflash_config_from_target(target_config, layer_ids, block_size: int, draft_layers: int,
+                              mask_token_id: int | None = None) -> DFlashConfig:
+    """A drafter as wide as the target's text model, with its heads, MLP width, norm epsilon and RoPE base; the mask
+    token: ``mask_token_id``, else the vocabulary's last id (a padded vocabulary's unused row; otherwise a rare one)."""
+    from eyas.target.layout import text_config
+
+    cfg = text_config(target_config)
+    hidden = int(cfg.hidden_size)
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    theta = float(rope.get("rope_theta") or getattr(cfg, "rope_theta", None) or 10000.0)
+    vocab = int(cfg.vocab_size)
+    return DFlashConfig(
+        hidden_size=hidden, target_hidden_size=hidden, num_hidden_layers=int(draft_layers), num_attention_heads=heads,
+        num_key_value_heads=kv_heads if heads % kv_heads == 0 else heads,
+        head_dim=int(getattr(cfg, "v_head_dim", None) or getattr(cfg, "head_dim", None) or hidden // heads),
+        intermediate_size=int(getattr(cfg, "intermediate_size", 4 * hidden)), vocab_size=vocab,
+        block_size=int(block_size), mask_token_id=vocab - 1 if mask_token_id is None else int(mask_token_id),
+        layer_ids=[int(i) for i in layer_ids], rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)), rope_theta=theta,
+        max_position_embeddings=int(getattr(cfg, "max_position_embeddings", None) or 32768))
 
 
 def default_dflash_layer_ids(target_layers: int, draft_layers: int) -> list[int]:
@@ -148,6 +189,11 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
+    owns_embedding = False  # the block's input embedding and the lm_head are the target's
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return list(self.parameters())
+
     def context(self, features: torch.Tensor) -> torch.Tensor:
         """Target states at the tapped ids, concatenated [B, T, A·Ht] → the context rows [B, T, H]."""
         return self.hidden_norm(self.fc(features))
@@ -177,26 +223,116 @@ def block_input(anchor_tokens: torch.Tensor, block_size: int, mask_token_id: int
 def training_mask(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:
     """Which keys each block row may attend to when n blocks run in one forward over one sequence: [n·B, T + n·B],
     True where allowed. A row of block j sees the context at positions < anchors[j] and every row of block j."""
-    count = anchors.shape[0]
-    context = torch.arange(context_length, device=anchors.device)[None, :] < anchors[:, None]  # [n, T]
+    return batch_training_mask(anchors[None], context_length, block_size)[0, 0]
+
+
+def batch_training_mask(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:
+    """:func:`training_mask` of each row of ``anchors`` [R, n] → [R, 1, n·B, T + n·B]."""
+    rows, count = anchors.shape
+    context = torch.arange(context_length, device=anchors.device) < anchors[..., None]  # [R, n, T]
     own = torch.eye(count, dtype=torch.bool, device=anchors.device)  # block j's rows see block j's keys only
-    rows = torch.cat([context, own.repeat_interleave(block_size, dim=1)], dim=1)  # [n, T + n·B]
-    return rows.repeat_interleave(block_size, dim=0)
+    own = own.repeat_interleave(block_size, dim=1).expand(rows, count, count * block_size)
+    return torch.cat([context, own], dim=-1).repeat_interleave(block_size, dim=1)[:, None]
+
+
+def block_anchors(loss_mask: torch.Tensor, valid: torch.Tensor, block_size: int, count: int,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` anchor positions per row of a batch [R, T], drawn on its device without replacement → (anchors
+    [R, count], usable [R, count]). An anchor a ≥ 1 is usable when its next token is trained (loss_mask[a + 1]) and its
+    whole block lies in the row (a + B ≤ the row's length); a row with fewer such places fills up with unusable ones."""
+    rows, length = loss_mask.shape
+    place = torch.arange(length, device=loss_mask.device)
+    trained_next = F.pad(loss_mask[:, 1:] > 0, (0, 1), value=False)
+    allowed = trained_next & (place >= 1) & (place + block_size <= valid.sum(1, keepdim=True))
+    scores = torch.rand(rows, length, generator=generator, device=loss_mask.device)
+    scores = torch.where(allowed, scores, -1.0)
+    best, anchors = scores.topk(min(count, length), dim=1)
+    return anchors, best >= 0
 
 
 def sample_anchors(loss_mask: torch.Tensor, block_size: int, count: int, generator: torch.Generator | None = None
                    ) -> torch.Tensor:
-    """Up to ``count`` distinct anchor positions of one sequence, sorted: positions a ≥ 1 whose next token is trained
-    (loss_mask[a + 1]) and whose block fits (a + B ≤ T)."""
-    length = loss_mask.shape[0]
-    allowed = torch.zeros(length, dtype=torch.bool)
-    last = length - block_size
-    if last >= 1:
-        allowed[1: last + 1] = loss_mask[2: last + 2].bool().cpu()
-    candidates = allowed.nonzero().flatten()
-    if candidates.numel() > count:
-        candidates = candidates[torch.randperm(candidates.numel(), generator=generator)[:count]]
-    return candidates.sort().values
+    """Up to ``count`` distinct usable anchors of one sequence (:func:`block_anchors`), sorted."""
+    anchors, usable = block_anchors(loss_mask[None], torch.ones_like(loss_mask, dtype=torch.bool)[None], block_size,
+                                    count, generator)
+    return anchors[usable].sort().values
+
+
+def teacher_tokens(final: torch.Tensor, lm_head: torch.Tensor, chunk_tokens: int = 1024) -> torch.Tensor:
+    """The token the target emits at each position [R, T] (the greedy choice after position p − 1, from its final
+    hidden state; position 0: 0): what a greedy verification accepts a draft against. Full-vocabulary logits one
+    chunk of positions at a time, never all at once."""
+    rows, length, width = final.shape
+    flat = final.reshape(-1, width).to(lm_head.dtype)
+    with torch.no_grad():
+        chosen = torch.cat([(flat[i:i + chunk_tokens] @ lm_head.T).argmax(-1)
+                            for i in range(0, flat.shape[0], chunk_tokens)]).view(rows, length)
+    return F.pad(chosen[:, :-1], (1, 0))
+
+
+def slot_weights(block_size: int, gamma: float | None, device=None) -> torch.Tensor:
+    """Slot k's weight in the loss (k = 1 … B − 1): exp(−(k − 1)/γ), the published decay (early slots matter most:
+    a chain is accepted from its first draft on); all 1 without γ."""
+    k = torch.arange(1, block_size, dtype=torch.float32, device=device)
+    return torch.ones_like(k) if gamma is None else torch.exp(-(k - 1) / gamma)
+
+
+@dataclass
+class BlockStats:
+    """One batch's blocks scored, every number on the device: the loss, each slot's share of it, hits and trained
+    slots per slot [B − 1], and for the blocks whose every slot is trained (what verification would see) the drafts
+    a greedy chain verification accepts, summed, and how many such blocks."""
+
+    loss: torch.Tensor
+    shares: torch.Tensor
+    correct: torch.Tensor
+    counted: torch.Tensor
+    accepted: torch.Tensor
+    blocks: torch.Tensor
+    depth_counts: torch.Tensor  # [B − 1]: whole blocks whose first k + 1 drafts are all right
+
+
+def accepted_runs(right: torch.Tensor) -> torch.Tensor:
+    """[..., B − 1] slot hits → [...] drafts a greedy chain verification accepts: the run of hits from the first slot."""
+    return right.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def block_loss(drafter: DFlashDrafter, features: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor,
+               trained: torch.Tensor, anchors: torch.Tensor, usable: torch.Tensor, embed: torch.Tensor,
+               lm_head: torch.Tensor, weights: torch.Tensor) -> BlockStats:
+    """Every block of a batch in one forward: features [R, T, A·Ht], input_ids, labels (the token expected at each
+    position) and trained (bool) [R, T], anchors and usable [R, n] (:func:`block_anchors`), the target's embedding and
+    lm_head weights, slot weights [B − 1] (:func:`slot_weights`).
+
+    Slot k of the block at a is trained to predict labels[a + k] where that position is trained; the loss is the
+    weighted mean cross-entropy over trained slots, Σ w_k·CE / Σ w_k (the published objective)."""
+    config = drafter.config
+    block = config.block_size
+    rows, length = input_ids.shape
+    count = anchors.shape[1]
+    context = drafter.context(features)
+    context_kv = drafter.context_kv(context, torch.arange(length, device=input_ids.device).expand(rows, length))
+    tokens = block_input(input_ids.gather(1, anchors), block, config.mask_token_id).view(rows, count * block)
+    offsets = torch.arange(block, device=input_ids.device)
+    positions = (anchors[..., None] + offsets).view(rows, count * block)
+    mask = batch_training_mask(anchors, length, block)
+    hidden = drafter.block_hidden(F.embedding(tokens, embed).to(context.dtype), positions, context_kv, mask)
+    hidden = hidden.view(rows, count, block, -1)[:, :, 1:]  # the mask slots [R, n, B − 1, H]
+    at = (anchors[..., None] + offsets[1:]).clamp(max=length - 1).view(rows, -1)
+    expected = labels.gather(1, at).view(rows, count, block - 1)
+    counted = trained.gather(1, at).view(rows, count, block - 1) & usable[..., None]
+    logits = F.linear(hidden, lm_head.to(hidden.dtype)).float()
+    each = F.cross_entropy(logits.flatten(0, 2), expected.flatten(), reduction="none").view_as(expected)
+    weighted = counted.float() * weights.to(each.device)
+    total = weighted.sum().clamp_min(1e-9)
+    per_slot = (each * weighted).sum((0, 1)) / total  # each slot's share: they sum to the loss
+    right = (logits.argmax(-1) == expected) & counted
+    whole = counted.all(-1)
+    runs = accepted_runs(right)[whole]
+    depth = torch.arange(block - 1, device=runs.device)
+    return BlockStats(loss=per_slot.sum(), shares=per_slot.detach(), correct=right.sum((0, 1)).float(),
+                      counted=counted.sum((0, 1)).float(), accepted=runs.sum().float(), blocks=whole.sum().float(),
+                      depth_counts=(runs[:, None] > depth).sum(0).float())
 
 
 @dataclass
@@ -207,43 +343,16 @@ class BlockLoss:
     tau: float  # simulated τ: 1 + the mean run of right slots from slot 1, over blocks whose every slot is trained
 
 
-def accepted_runs(right: torch.Tensor) -> torch.Tensor:
-    """[n, B − 1] slot hits → [n] drafts a greedy chain verification accepts: the run of hits from the first slot."""
-    return right.long().cumprod(dim=-1).sum(dim=-1)
-
-
 def dflash_loss(drafter: DFlashDrafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 anchors: torch.Tensor, embed: nn.Module, lm_head: torch.Tensor, gamma: float | None = None) -> BlockLoss:
-    """One sequence's blocks in one forward: features [T, A·Ht], input_ids and loss_mask [T], anchors [n].
-
-    Slot k of the block at a is trained to predict input_ids[a + k] (k = 1 … B − 1) where loss_mask says that token is
-    trained, weighted by exp(−(k − 1)/γ) when ``gamma`` is given (the published decay: early slots matter most, a
-    chain is accepted from its first draft on)."""
-    config = drafter.config
-    block = config.block_size
-    length = input_ids.shape[0]
-    context = drafter.context(features[None])
-    context_kv = drafter.context_kv(context, torch.arange(length, device=input_ids.device)[None])
-    tokens = block_input(input_ids[anchors], block, config.mask_token_id).flatten()  # [n·B]
-    offsets = torch.arange(block, device=input_ids.device)
-    positions = (anchors[:, None] + offsets).flatten()
-    mask = training_mask(anchors, length, block)
-    hidden = drafter.block_hidden(embed(tokens)[None], positions[None], context_kv, mask)[0]
-    hidden = hidden.view(len(anchors), block, -1)[:, 1:]  # the mask slots
-    labels_at = anchors[:, None] + offsets[1:]  # [n, B − 1]
-    weights = loss_mask[labels_at].to(hidden.dtype)
-    if gamma is not None:
-        weights = weights * torch.exp(-(offsets[1:].to(hidden.dtype) - 1) / gamma)
-    logits = F.linear(hidden, lm_head).float()
-    labels = input_ids[labels_at]
-    each = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(weights)
-    trained = loss_mask[labels_at].bool()
-    loss = (each * weights).sum() / weights.sum().clamp_min(1e-9)
-    right = (logits.argmax(-1) == labels) & trained
-    accuracy = (right.sum(0).float() / trained.sum(0).clamp_min(1)).tolist()
-    whole = trained.all(dim=-1)  # blocks whose labels are all the target's answer: what verification would see
-    tau = 1.0 + accepted_runs(right[whole]).float().mean().item() if whole.any() else 1.0
-    return BlockLoss(loss=loss, accuracy=accuracy, slots=int(trained.sum()), tau=tau)
+    """:func:`block_loss` of one sequence — features [T, A·Ht], input_ids and loss_mask [T], anchors [n] — whose
+    labels are its own tokens, read back to the host."""
+    stats = block_loss(drafter, features[None], input_ids[None], input_ids[None], loss_mask[None].bool(), anchors[None],
+                       torch.ones_like(anchors, dtype=torch.bool)[None], embed.weight, lm_head,
+                       slot_weights(drafter.config.block_size, gamma, input_ids.device))
+    tau = 1.0 + float(stats.accepted / stats.blocks) if stats.blocks > 0 else 1.0
+    return BlockLoss(loss=stats.loss, accuracy=(stats.correct / stats.counted.clamp_min(1)).tolist(),
+                     slots=int(stats.counted.sum()), tau=tau)
 
 
 @torch.no_grad()

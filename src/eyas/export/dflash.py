@@ -24,8 +24,8 @@ from eyas.export.files import safetensors_header, weight_files, write_draft_dir
 ARCHITECTURE = "DFlashDraftModel"
 
 
-def dflash_config_json(config: DFlashConfig, dtype: str, max_position_embeddings: int) -> dict:
-    """The drafter's config.json."""
+def dflash_config_json(config: DFlashConfig, dtype: str, max_position_embeddings: int | None = None) -> dict:
+    """The drafter's config.json (its positions: ``max_position_embeddings``, else the config's)."""
     return {
         "architectures": [ARCHITECTURE],
         "model_type": "qwen3",
@@ -40,7 +40,7 @@ def dflash_config_json(config: DFlashConfig, dtype: str, max_position_embeddings
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": config.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-        "max_position_embeddings": max_position_embeddings,
+        "max_position_embeddings": max_position_embeddings or config.max_position_embeddings,
         "vocab_size": config.vocab_size,
         "attention_bias": False,
         "tie_word_embeddings": False,
@@ -51,7 +51,8 @@ def dflash_config_json(config: DFlashConfig, dtype: str, max_position_embeddings
     }
 
 
-def write_dflash_dir(out: Path, drafter: DFlashDrafter, dtype: str, max_position_embeddings: int, card: str = "") -> Path:
+def write_dflash_dir(out: Path, drafter: DFlashDrafter, dtype: str, max_position_embeddings: int | None = None,
+                     card: str = "") -> Path:
     """The drafter as a directory vLLM's dflash method loads (config.json, model.safetensors, README.md)."""
     tensors = {name: t.detach().to(TORCH_DTYPES[dtype]).contiguous() for name, t in drafter.state_dict().items()}
     return write_draft_dir(out, dflash_config_json(drafter.config, dtype, max_position_embeddings), tensors, card)
@@ -77,7 +78,8 @@ def config_from_json(config: dict, where: str = "config.json") -> DFlashConfig:
         head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
         intermediate_size=int(config["intermediate_size"]), vocab_size=int(config["vocab_size"]),
         block_size=int(config["block_size"]), mask_token_id=int(mask), layer_ids=[int(i) for i in ids],
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(config.get("rope_theta", 1_000_000.0)))
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(config.get("rope_theta", 1_000_000.0)),
+        max_position_embeddings=int(config.get("max_position_embeddings") or 32768))
 
 
 def load_dflash_dir(directory: Path, dtype: torch.dtype = torch.float32) -> DFlashDrafter:

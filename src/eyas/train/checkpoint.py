@@ -47,11 +47,12 @@ def full_model_state(drafter) -> dict[str, torch.Tensor]:
 
 
 def drafter_tensors(drafter, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The drafter's own tensors: all but a frozen (target-owned) embedding; plus d2t."""
+    """The drafter's own tensors: all but a frozen (target-owned) embedding; plus an EAGLE-3 drafter's d2t."""
     state = drafter.state_dict() if state is None else state
     tensors = {name: t.detach().contiguous() for name, t in state.items()
                if not (name == "embed_tokens.weight" and not drafter.owns_embedding) and not name.startswith("rotary.")}
-    tensors["d2t"] = drafter.d2t.detach().cpu().contiguous()
+    if hasattr(drafter, "d2t"):  # an EAGLE-3 drafter's map from its vocabulary to the target's
+        tensors["d2t"] = drafter.d2t.detach().cpu().contiguous()
     return tensors
 
 
@@ -125,7 +126,8 @@ def load_checkpoint(path: Path, drafter, optimizer, scheduler) -> dict:
         fallback = f"remove it to resume from {older[-1]}, or " if older else ""
         raise EyasError(f"checkpoint {path} is damaged ({'; '.join(problems)}): {fallback}start over with --force")
     tensors = load_file(str(path / "model.safetensors"))
-    drafter.d2t.copy_(tensors.pop("d2t"))
+    if hasattr(drafter, "d2t"):
+        drafter.d2t.copy_(tensors.pop("d2t"))
     state = json.loads((path / "state.json").read_text())
     saved = load_file(str(path / "optimizer.safetensors"))
     torch.set_rng_state(saved.pop("rng.torch"))

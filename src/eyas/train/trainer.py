@@ -1,9 +1,10 @@
-"""``eyas train``: the drafter, trained with training-time test, offline or online, resumable.
+"""``eyas train``: the drafter, trained offline or online, resumable.
 
-One loop: a batch (from FEATURES_DIR, or captured now by the target) → the target's teacher
-distribution from its final hidden → K TTT steps → Σ_k decay^k · loss_k → AdamW (β 0.9/0.95,
-clip 0.5, linear warm-up then cosine) → metrics, checkpoints, holdout evaluation. bf16 autocast
-with fp32 master weights on GPU, fp32 on CPU.
+One loop: a batch (from FEATURES_DIR, or captured now by the target) → the family's micro-batch → AdamW (β 0.9/0.95,
+clip 0.5, linear warm-up then cosine) → metrics, checkpoints, holdout evaluation. EAGLE-3: the target's teacher
+distribution from its final hidden → K TTT steps → Σ_k decay^k · loss_k. DFlash (:mod:`eyas.train.blocks`): random
+blocks of each row, every slot against the target's greedy token, in one forward. bf16 autocast with fp32 master
+weights on GPU, fp32 on CPU.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import torch
 
 from eyas.distributed import all_reduce_sum, barrier, init_distributed, world_size
 from eyas.drafter.config import DrafterConfig, drafter_config_from_target
+from eyas.drafter.dflash import DFlashDrafter, dflash_config_from_target
 from eyas.drafter.loss import step_loss, target_signal
 from eyas.drafter.model import Eagle3Drafter
 from eyas.drafter.ttt import ttt_steps
 from eyas.errors import EyasError
 from eyas.outputs import check_space, claim_out, writing
 from eyas.progress import progress_bar
+from eyas.train.blocks import batch_seed, block_micro_batch, evaluate_blocks
 from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, run_bytes, save_checkpoint
 from eyas.train.data import OfflineSource, OnlineSource, Prefetcher, batches_forever
 from eyas.train.evaluate import evaluate
@@ -75,6 +78,10 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
     changes = resume_changes(recorded, options, at, out, target) if recorded is not None else {}
     setup = setup_training(options, device, loaded, target)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
+    blocks = options.drafter == "dflash"
+    if blocks and options.fsdp:
+        raise EyasError("--fsdp shards EAGLE-3 drafters only: train the DFlash drafter without it (it is the size of a "
+                        "few target layers)")
     if lead:
         check_space(out, run_bytes(out, drafter, options.keep), options.force, "training (checkpoints, final weights)",
                     ", keep fewer checkpoints with --keep")
@@ -93,7 +100,14 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
                                   weight_decay=options.weight_decay)
     warmup = max(1, round(options.warmup_ratio * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, warmup, total_steps))
-    weights = [options.step_decay**k for k in range(options.ttt_steps)]
+    # what one step's tallies hold: each TTT step's loss (EAGLE-3), or each block slot's share of the loss (DFlash)
+    tallied = options.ttt_steps if not blocks else drafter.config.block_size - 1
+    weights = [options.step_decay**k for k in range(options.ttt_steps)] if not blocks else [1.0] * tallied
+
+    def evaluation() -> dict:
+        if blocks:
+            return evaluate_blocks(drafter, holdout, head, setup["embed"], options, options.eval_batches, autocast)
+        return evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches, autocast)
 
     report = TrainReport()
     step, epoch, index = 0, 0, 0
@@ -119,7 +133,7 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
                                                               and "eval" in line), {}))
     earlier_seconds = report.seconds
     if step == 0 and holdout is not None and (lead or sharded):  # a sharded drafter evaluates on every rank
-        report.initial_eval = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches, autocast)
+        report.initial_eval = evaluation()
         if lead:
             metrics.write({"step": 0, "eval": report.initial_eval})
 
@@ -135,16 +149,21 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
         while step < total_steps:
             # Tallies stay on the device until the step ends: reading one back per TTT step would make the
             # host wait for the GPU 21 times a batch instead of queueing the next kernels.
-            losses = torch.zeros(options.ttt_steps, device=device)
+            losses = torch.zeros(tallied, device=device)
             correct, counted, tokens = torch.zeros_like(losses), torch.zeros_like(losses), 0
             global_items = upcoming  # every rank walks the same global order
             upcoming = [next(stream) for _ in range(per_step)]
             loader.ahead(i for _, _, i in upcoming[rank::world])
             epoch, index = global_items[-1][0], global_items[-1][1]  # data position after this step
             mine = global_items[rank::world]
-            for _, _, batch_index in mine:
-                tokens += micro_batch(drafter, loader.batch(batch_index), head, draft_ids, options, weights, autocast,
-                                      (losses, correct, counted))
+            for item_epoch, item_index, batch_index in mine:
+                if blocks:
+                    tokens += block_micro_batch(drafter, loader.batch(batch_index), head, setup["embed"], options,
+                                                autocast, (losses, correct, counted),
+                                                batch_seed(options.seed, item_epoch, item_index))
+                else:
+                    tokens += micro_batch(drafter, loader.batch(batch_index), head, draft_ids, options, weights, autocast,
+                                          (losses, correct, counted))
             if world > 1:  # average gradients over ranks: the same as one process accumulating them all
                 if not sharded:  # (FSDP2 reduce-scatters them itself)
                     for param in drafter.trainable_parameters():
@@ -170,8 +189,7 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
             stopping = stop.agreed() and step < total_steps  # every rank stops after the same step
             checkpoint = step % options.checkpoint_every == 0 or step == total_steps or stopping
             if checkpoint and not stopping and holdout is not None and (lead or sharded):
-                record["eval"] = evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches,
-                                          autocast)
+                record["eval"] = evaluation()
             if lead:
                 metrics.write(record)  # before the checkpoint: a resume drops lines newer than its checkpoint
             if checkpoint:
@@ -324,18 +342,27 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
                         "prepare) one with the train split")
     if holdout is not None and not holdout.batches:
         holdout = None  # an empty holdout evaluates nothing: no evaluation is reported, not a loss of 0
+    # The teacher's full-vocabulary logits are the target's own: bf16 on a GPU (a float32 [V, Ht] copy would be 4.7 GB
+    # at Kimi-K2.5's widths and run its matmul at the float32 rate, a third of a training step), float32 on the CPU.
+    teacher_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shared = {"source": source, "holdout": holdout, "head": head.to(device, teacher_dtype),
+              "target": {**facts, "layer_ids": list(layer_ids)}, "inputs": [data_input(options), target_input(facts)]}
+    if options.drafter == "dflash":  # the target's embedding and lm_head are the block drafter's own input and output
+        drafter_config = dflash_config_from_target(config, layer_ids, options.block_size, options.draft_layers,
+                                                   options.mask_token_id)
+        if not 0 <= drafter_config.mask_token_id < drafter_config.vocab_size:
+            raise EyasError(f"--mask-token-id {drafter_config.mask_token_id} is outside the target's vocabulary "
+                            f"(0 … {drafter_config.vocab_size - 1})")
+        torch.manual_seed(options.seed)
+        return {**shared, "drafter": DFlashDrafter(drafter_config).to(device), "draft_ids": None,
+                "embed": embed.to(device, teacher_dtype)}
     if not vocab_path.is_file():
         raise EyasError(f"{vocab_path} is missing: the draft vocabulary comes from eyas prepare's DATA_DIR")
     vocab = load_vocab(vocab_path)
     draft_ids = vocab.draft_ids.to(device)
     drafter_config = drafter_config_from_target(config, layer_ids, len(vocab.d2t), options.hidden_size)
     drafter = _new_drafter(drafter_config, vocab.d2t, head, embed, draft_ids, options.seed).to(device)
-    # The teacher's full-vocabulary logits are the target's own: bf16 on a GPU (a float32 [V, Ht] copy would be 4.7 GB
-    # at Kimi-K2.5's widths and run its matmul at the float32 rate, a third of a training step), float32 on the CPU.
-    teacher_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"drafter": drafter, "source": source, "holdout": holdout, "head": head.to(device, teacher_dtype),
-            "draft_ids": draft_ids, "target": {**facts, "layer_ids": list(layer_ids)},
-            "inputs": [data_input(options), target_input(facts)]}
+    return {**shared, "drafter": drafter, "draft_ids": draft_ids}
 
 
 def _new_drafter(config: DrafterConfig, d2t, head, embed, draft_ids, seed: int) -> Eagle3Drafter:
