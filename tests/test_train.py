@@ -74,10 +74,7 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_finishes_the_
     assert not (tmp_path / "stopped" / "final").exists()
     resumed = train(opts(target, tmp_path / "stopped", features=features, resume=True))
     assert resumed.resumed_from == 3 and resumed.steps == clean.steps == 6
-    a = load_file(tmp_path / "clean" / "final" / "model.safetensors")
-    b = load_file(tmp_path / "stopped" / "final" / "model.safetensors")
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
+    zoo.assert_same_final_weights(tmp_path / "clean", tmp_path / "stopped")
 
 
 def test_online_training_equals_offline(setup, tmp_path):

@@ -82,10 +82,7 @@ def test_a_dflash_run_stopped_mid_run_resumes_to_the_same_weights(setup, tmp_pat
     monkeypatch.undo()
     resumed = train(opts(target, tmp_path / "stopped", features=features, resume=True))
     assert resumed.resumed_from == 4 and resumed.steps == 6
-    a = load_file(tmp_path / "clean" / "final" / "model.safetensors")
-    b = load_file(tmp_path / "stopped" / "final" / "model.safetensors")
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
+    zoo.assert_same_final_weights(tmp_path / "clean", tmp_path / "stopped")
 
 
 def test_online_dflash_training_equals_offline(setup, tmp_path):

@@ -5,6 +5,8 @@ Every text stack has 8 decoder layers, so the default taps are (2, 4, 5), and hi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
@@ -307,3 +309,13 @@ def write_tiny_gguf(path, chat_template: str | None = None, layers: int = LAYERS
     writer.write_tensors_to_file()
     writer.close()
     return path, model
+
+
+def assert_same_final_weights(run_a: Path, run_b: Path) -> None:
+    """Two training runs ended with bit-identical final weights."""
+    from safetensors.torch import load_file
+
+    a, b = (load_file(Path(run) / "final" / "model.safetensors") for run in (run_a, run_b))
+    assert set(a) == set(b)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

@@ -95,6 +95,7 @@ def dflash_card(config: dict, train_options: dict, report: dict, target: dict, d
     draft = str(Path(draft_dir).resolve())
     remote = " --trust-remote-code" if train_options.get("trust_remote_code") else ""
     proposals = int(config["block_size"]) - 1
+    taps, flash_ids = config["eagle_aux_hidden_state_layer_ids"], config["dflash_config"]["target_layer_ids"]
     speculative = json.dumps({"method": "dflash", "model": draft, "num_speculative_tokens": proposals})
     return f"""# {Path(draft_dir).name}: DFlash block drafter for {spec}
 
@@ -107,7 +108,7 @@ tokens in one forward, every slot trained against the target's greedy token.
 | training data | `{data}` ({'online' if online else 'offline features'}) |
 | steps / tokens | {report.get('steps', '?')} / {report.get('tokens', '?')} |
 | drafter | {config['num_hidden_layers']} Qwen3 layers, hidden {config['hidden_size']}; the target's embedding and lm_head |
-| target layers tapped | {config['eagle_aux_hidden_state_layer_ids']} (eyas ids: the input of those decoder layers; DFlash's `target_layer_ids` {config['dflash_config']['target_layer_ids']}) |
+| target layers tapped | {taps} (eyas ids: the input of those decoder layers; DFlash's `target_layer_ids` {flash_ids}) |
 | mask token | {config['dflash_config']['mask_token_id']} |
 | holdout acceptance (cumulative, per block slot) | {_acceptance(final)} (before training: {_acceptance(first)}) |
 | simulated τ (a chain of {proposals} drafts) | {_tau(final, 'tau')} (before training: {_tau(first, 'tau')}) |
