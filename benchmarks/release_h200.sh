@@ -27,8 +27,8 @@
 #       parts (here: cat them, check draft.sha256), score it on HOLDOUTS (e.g. HOLDOUTS="t0=t0-all t08=t08-all":
 #       benchmarks/holdout_tau.py), then the bench plan (default 10 prompts × 512 tokens; BENCH_FLAGS, e.g.
 #       --compile; BENCHES picks among "t0 trees t1", BENCHES="" runs none): t0 = MT-bench, HumanEval and LABEL's
-#       holdout at T = 0 (chain:5, tree:60,7,10); trees = the tree shapes TREES on MT-bench; t1 = the three datasets
-#       at T = 1. $OUT/NAME/records.tar.gz (metrics.jsonl, holdout_tau.json, the reports, the train/export/bench
+#       holdout at T = 0 (MODES, default chain:5,tree:60,7,10; a DFlash drafter: e.g. MODES="chain:15,chain:7");
+#       trees = the tree shapes TREES on MT-bench; t1 = the three datasets at T = 1 (MODES). $OUT/NAME/records.tar.gz (metrics.jsonl, holdout_tau.json, the reports, the train/export/bench
 #       logs, draft.sha256) is written after the pack and remade after each step.
 #   benchmarks/release_h200.sh bench NAME DRAFT_DIR LABEL [PROMPTS] [MAX_NEW_TOKENS]
 #       the same bench plan for a drafter already exported (e.g. a release carried to the machine), `eyas check`ed
@@ -72,9 +72,9 @@ bench_draft() {  # NAME TAG DATASETS MODES TEMPERATURE PROMPTS TOKENS [FLAGS...]
 bench_plan() {  # NAME LABEL PROMPTS TOKENS OUT RECORDS: the benches BENCHES names (default: all three), one after another
   local name=$1 label=$2 prompts=$3 tokens=$4 out=$5 records=$6 run tag datasets modes temperature
   # t0: T = 0 on the three datasets; trees: the tree shapes on MT-bench; t1: T = 1 on the three datasets
-  for run in "t0|mt-bench,humaneval,sharegpt-holdout|chain:5,tree:60,7,10|0" \
+  for run in "t0|mt-bench,humaneval,sharegpt-holdout|${MODES:-chain:5,tree:60,7,10}|0" \
              "trees|mt-bench|${TREES:-tree:48,6,8;tree:80,8,10;tree:100,10,10;tree:128,12,12}|0" \
-             "t1|mt-bench,humaneval,sharegpt-holdout|chain:5,tree:60,7,10|1"; do
+             "t1|mt-bench,humaneval,sharegpt-holdout|${MODES:-chain:5,tree:60,7,10}|1"; do
     IFS='|' read -r tag datasets modes temperature <<< "$run"
     [[ " ${BENCHES-t0 trees t1} " == *" $tag "* ]] || continue  # BENCHES="": none
     # shellcheck disable=SC2086  # BENCH_FLAGS: several words (e.g. --compile)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from eyas.bench.server import acceptance_counters, parse_metrics
@@ -204,20 +205,29 @@ def test_rows_speedup_against_the_same_engine_and_level():
     assert by[("chain:2", 1)]["time_per_output_token_ms"] == pytest.approx(100.0)  # (1.0 − 0.1) s over 9 tokens
 
 
-def test_a_dflash_drafter_runs_in_vllm_with_its_block_and_not_in_eyas_engine(setup, fake_vllm, tmp_path):  # noqa: F811
+def test_a_dflash_drafter_runs_in_vllm_with_its_block_and_in_eyas_engine(setup, fake_vllm, tmp_path):  # noqa: F811
+    from eyas.drafter.dflash import DFlashDrafter, dflash_config_from_target
     from eyas.export.dflash import write_dflash_dir
-    from test_dflash import build
+    from eyas.target.loading import load_target_config
 
-    drafter, _, _ = build(layers=1)  # block 4: three proposals a round
-    write_dflash_dir(tmp_path / "dflash", drafter, "fp32", max_position_embeddings=256)
-    result = bench(setup, tmp_path / "report", "--draft", str(tmp_path / "dflash"), "--engine", "vllm",
+    _, target, _ = setup
+    torch.manual_seed(0)
+    config = dflash_config_from_target(load_target_config(target)[0], [1, 2], block_size=4, draft_layers=1)
+    write_dflash_dir(tmp_path / "dflash", DFlashDrafter(config), "fp32")  # block 4: three proposals a round
+    result = bench(setup, tmp_path / "report", "--draft", str(tmp_path / "dflash"), "--engine", "eyas,vllm",
                    "--concurrency", "1")
     assert result.exit_code == 0, result.output
-    engines = json.loads((tmp_path / "report" / "report.json").read_text())["engines"]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    engines = report["engines"]
     assert [r["mode"] for r in engines["rows"]] == ["plain", "dflash:3"]
     assert any("DFlash drafter (block 4)" in note for note in engines["notes"])
     calls = [json.loads(line) for line in fake_vllm.read_text().splitlines()]
     assert calls[1]["speculative_config"] == {"method": "dflash", "model": str((tmp_path / "dflash").resolve()),
                                               "num_speculative_tokens": 3}
-    refused = bench(setup, tmp_path / "other", "--draft", str(tmp_path / "dflash"), "--engine", "eyas,vllm")
-    assert refused.exit_code == 2 and "eyas' engine does not decode those yet" in refused.output
+    # eyas' engine decodes it too: with no --mode, its whole block as one chain, every answer the plain one
+    assert report["settings"]["modes"] == ["chain:3"]
+    rows = {row["mode"]: row for row in report["datasets"]["sharegpt-holdout"]}
+    assert rows["chain:3"]["matches_plain"] == rows["chain:3"]["prompts"] > 0, rows
+    refused = bench(setup, tmp_path / "other", "--draft", str(tmp_path / "dflash"), "--engine", "eyas", "--mode",
+                    "tree:10,3,4")
+    assert refused.exit_code == 2 and "DFlash block drafter (block 4)" in refused.output

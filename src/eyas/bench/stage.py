@@ -18,7 +18,7 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     from eyas.data.render import read_chat_template
     from eyas.engine.acceptance import Sampling
     from eyas.engine.loading import load_engine, load_target_for
-    from eyas.engine.modes import parse_modes, target_capacity
+    from eyas.engine.modes import target_capacity
     from eyas.manifest import clear_manifest, input_record, verify_stage_dir, write_manifest
     from eyas.outputs import check_space, claim_out, input_places, refuse_other_inputs, writing
     from eyas.progress import progress_bar
@@ -28,7 +28,7 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     engines = options.chosen_engines()
     _check_choice(options, engines)
     previous = claim_out(options.out, "bench", options.force, MARKERS)
-    modes = parse_modes(options.modes)
+    modes = bench_modes(options)
     template = read_chat_template(options.chat_template)
     if options.data is not None:
         verify_stage_dir(options.data, "prepare")
@@ -82,18 +82,24 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     return result, header
 
 
+def bench_modes(options: BenchOptions) -> list:
+    """The modes to decode: --mode's; for a DFlash drafter given no --mode, its whole block as one chain (chain:B − 1:
+    a block drafter drafts no trees)."""
+    from eyas.engine.modes import Speculation, parse_modes
+    from eyas.export.dflash import dflash_block
+
+    block = dflash_block(options.draft)
+    if block and options.modes == BenchOptions.__dataclass_fields__["modes"].default:
+        return [Speculation("chain", draft_length=block - 1)]
+    return parse_modes(options.modes)
+
+
 def _check_choice(options: BenchOptions, engines: tuple[str, ...]) -> None:
     """What to measure must add up, before anything loads: one line saying what is missing."""
     if options.server_plain and not options.server:
         raise EyasError("--server-plain is the baseline of a --server: pass --server URL too")
     if not engines and not options.server:
         raise EyasError("nothing to measure: no --engine and no --server")
-    if "eyas" in engines and options.draft is not None:
-        from eyas.bench.vllm_engine import dflash_block
-
-        if dflash_block(options.draft):
-            raise EyasError(f"{options.draft} is a DFlash drafter: eyas' engine does not decode those yet; measure it "
-                            "in vLLM with --engine vllm")
     if engines and options.draft is None:
         raise EyasError(f"--engine {','.join(engines)} needs --draft DRAFT_DIR (a --server runs the drafter it was "
                         "started with: to measure only the server, leave --engine out)")

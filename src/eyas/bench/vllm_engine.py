@@ -18,28 +18,13 @@ from eyas.capture.vllm_client import _Worker, check_vllm_python, resolve_vllm_py
 from eyas.data.benchmarks import Prompt
 from eyas.engine.modes import Speculation
 from eyas.errors import EyasError
+from eyas.export.dflash import dflash_block
 from eyas.target.loading import resolve_target
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 REFUSED = 3  # the worker's exit status when vLLM refused a configuration (vllm_worker.REFUSED)
 # LLM(...) arguments the worker sets for the bench: --vllm-arg may not change them
 BENCH_RESERVED = ("model", "speculative_config", "max_num_seqs", "disable_log_stats")
-
-
-def dflash_block(draft: Path | None) -> int | None:
-    """The block size of a DFlash drafter directory (vLLM's dflash method), None for any other drafter."""
-    from eyas.export.dflash import ARCHITECTURE
-
-    path = Path(draft) / "config.json" if draft is not None else None
-    if path is None or not path.is_file():
-        return None
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError):  # a damaged config: the drafter's own reader says so, naming the file
-        return None
-    if not isinstance(config, dict) or ARCHITECTURE not in (config.get("architectures") or []):
-        return None
-    return int(config.get("block_size", 0))
 
 
 def vllm_configs(modes: list[Speculation], draft: Path | None) -> tuple[list[dict], list[str]]:

@@ -9,7 +9,8 @@ DFlash recipe's model); the parameter names are the checkpoint names vLLM's load
         context (k/v_proj straight on it, no input norm; k_norm and RoPE at the context's positions) followed by
         those of the block's own hidden states
     norm → the target's lm_head; the block's input is the target's embedding of [anchor token, mask × (B − 1)]
-        (both frozen and shared: the drafter owns neither)
+        (both frozen and shared: the drafter owns neither) — the table's rows as they are, as vLLM reads them (a
+        scaled embedding's factor, Gemma's √H, is not applied), in training and drafting alike
 
 A block anchored at position a (its first token is the one at a, whose target states are not known yet) sees the
 context at positions < a and the whole block, without a causal mask inside it; blocks never see each other. Its
@@ -364,5 +365,5 @@ def propose(drafter: DFlashDrafter, context_kv: list[tuple[torch.Tensor, torch.T
     device = lm_head.device
     tokens = block_input(torch.tensor([anchor_token], device=device), config.block_size, config.mask_token_id)
     positions = anchor_position + torch.arange(config.block_size, device=device)[None]
-    hidden = drafter.block_hidden(embed(tokens), positions, context_kv, None)
+    hidden = drafter.block_hidden(F.embedding(tokens, embed.weight), positions, context_kv, None)
     return F.linear(hidden[0, 1:], lm_head).argmax(-1)

@@ -2,7 +2,8 @@
 
 - draft: the drafter commits the states the target accepted last round and proposes after the root (the
   last emitted token, not yet run by the target): nothing (plain decoding), a greedy chain, or an EAGLE-2
-  dynamic tree (:mod:`eyas.engine.drafting`);
+  dynamic tree (:mod:`eyas.engine.drafting`) — or, with a block drafter, a chain in one forward
+  (:mod:`eyas.engine.block_runner`);
 - verify: the target runs the root and every proposal in one forward, each tree node seeing its ancestors;
 - accept: which proposals the target agrees with, and its own next token after them, the bonus
   (:mod:`eyas.engine.acceptance`) — greedy on the device, or sampled on the host;
@@ -163,6 +164,10 @@ class Round:
             return Draft(state.root, state.target_length)
         drafter, spec = self.drafter, self.speculation
         inputs = (self.aux, state.emitted.view(1, n), state.positions.view(1, n), state.drafter_length, state.valid)
+        if self.mode == "chain" and getattr(drafter, "blocks", False):  # a block drafter: the whole chain in one forward
+            drafter.commit(self.aux, state.positions.view(1, n))
+            drafts = drafter.propose(state.root, state.target_length, spec.draft_length).to(self.target.device)
+            return Draft(torch.cat([state.root, drafts]), state.target_length + self.steps)
         if self.mode == "chain":
             drafts = draft_chain(drafter, *inputs, spec.draft_length).to(self.target.device)
             positions = state.target_length + self.steps  # a chain's node i runs at length + i

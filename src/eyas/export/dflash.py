@@ -58,6 +58,23 @@ def write_dflash_dir(out: Path, drafter: DFlashDrafter, dtype: str, max_position
     return write_draft_dir(out, dflash_config_json(drafter.config, dtype, max_position_embeddings), tensors, card)
 
 
+def dflash_block(draft: Path | None) -> int | None:
+    """The block size of a DFlash drafter directory, None for any other drafter (or none). A damaged config.json is
+    not judged here: the drafter's own reader says so, naming the file."""
+    import json
+
+    path = Path(draft) / "config.json" if draft is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return None
+    if not isinstance(config, dict) or ARCHITECTURE not in (config.get("architectures") or []):
+        return None
+    return int(config.get("block_size", 0))
+
+
 def config_from_json(config: dict, where: str = "config.json") -> DFlashConfig:
     """A DFlash config.json (eyas' or the published layout) → DFlashConfig; the eyas ids from
     eagle_aux_hidden_state_layer_ids, else DFlash's target_layer_ids + 1."""
