@@ -228,6 +228,9 @@ def test_a_dflash_drafter_runs_in_vllm_with_its_block_and_in_eyas_engine(setup, 
     assert report["settings"]["modes"] == ["chain:3"]
     rows = {row["mode"]: row for row in report["datasets"]["sharegpt-holdout"]}
     assert rows["chain:3"]["matches_plain"] == rows["chain:3"]["prompts"] > 0, rows
+    # and the report compares vLLM's dflash:3 with eyas' chain:3 (the same rounds), not only the plain runs
+    compared = {row["mode"]: row for row in engines["comparison"]}
+    assert compared["dflash:3"]["eyas_mode"] == "chain:3" and compared["dflash:3"]["tau_eyas"] == rows["chain:3"]["tau"]
     refused = bench(setup, tmp_path / "other", "--draft", str(tmp_path / "dflash"), "--engine", "eyas", "--mode",
                     "tree:10,3,4")
     assert refused.exit_code == 2 and "DFlash block drafter (block 4)" in refused.output

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from eyas.bench.run import BenchResult
 from eyas.bench.serving import engine_rows
+from eyas.bench.vllm_engine import eyas_counterpart
 from eyas.io import atomic_path, write_json_atomic
 
 REPORT_FILES = ("report.json", "report.md", "acceptance.png")  # always written
@@ -75,7 +76,7 @@ def comparison(result: BenchResult) -> list[dict]:
         if level.concurrency != 1:
             continue
         for dataset in level.datasets():
-            ours = eyas_modes.get((dataset, level.mode if level.mode != "speculative" else None))
+            ours = eyas_modes.get((dataset, eyas_counterpart(level.mode) if level.mode != "speculative" else None))
             if ours is None and level.mode == "speculative":  # a server's own drafting: compare with eyas' first chain
                 ours = next((m for (d, name), m in eyas_modes.items() if d == dataset and name.startswith("chain")), None)
             if ours is None:

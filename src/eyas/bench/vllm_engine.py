@@ -47,6 +47,13 @@ def vllm_configs(modes: list[Speculation], draft: Path | None) -> tuple[list[dic
     return configs, notes
 
 
+def eyas_counterpart(engine_mode: str) -> str:
+    """The eyas mode that decodes what an engine's configuration does, for comparing the two: vLLM's ``dflash:K`` (one
+    block forward's K proposals, verified as a chain) is eyas' ``chain:K``; every other mode has the same name."""
+    method, _, k = engine_mode.partition(":")
+    return f"chain:{k}" if method == "dflash" else engine_mode
+
+
 def run_vllm(target: str, draft: Path | None, prompts: list[Prompt], modes: list[Speculation], concurrency: tuple[int, ...],
              max_new_tokens: int, temperature: float, top_p: float, seed: int, stop_ids: list[int], workdir: Path,
              vllm_python: str | None = None, engine_args: dict | None = None) -> EngineResult:
