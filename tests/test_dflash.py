@@ -206,3 +206,46 @@ def test_eyas_check_holds_a_dflash_directory_to_what_vllm_loads(tmp_path):
         path.write_text(json.dumps(config))
         errors = check_draft_dir(tmp_path / "draft").errors
         assert any(says in e for e in errors), (says, errors)
+
+
+def test_coverage_passes_add_up_to_one_forward_over_every_block():
+    """A coverage above one runs as passes of width / B blocks (each its own forward and backward): the loss, each
+    slot's share, the counts and every gradient equal one forward over all the blocks at once."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from eyas.drafter.dflash import block_anchors, block_loss, slot_weights, teacher_tokens
+    from eyas.train.blocks import anchor_generator, block_micro_batch, blocks_per_row, score_blocks
+
+    drafter, embed, lm_head = build()
+    rows, width = 2, 40
+    generator = torch.Generator().manual_seed(3)
+    batch = SimpleNamespace(aux=torch.randn(rows, width, 3 * TARGET_HIDDEN, generator=generator, dtype=torch.float64),
+                            final=torch.randn(rows, width, 32, generator=generator, dtype=torch.float64),
+                            input_ids=torch.randint(0, VOCAB - 1, (rows, width), generator=generator),
+                            loss_mask=(torch.arange(width) >= 6).long().expand(rows, width).clone(),
+                            valid=torch.ones(rows, width, dtype=torch.bool), tokens=rows * width)
+    batch.valid[1, 33:] = False  # a shorter second row: its last places hold no whole block
+    batch.loss_mask[1, 33:] = 0
+    options = SimpleNamespace(block_coverage=3.0, slot_decay=2.0, grad_accum=1)
+    count = blocks_per_row(width, BLOCK, 3.0)
+    assert count == 3 * blocks_per_row(width, BLOCK, 1.0)
+
+    anchors, usable = block_anchors(batch.loss_mask, batch.valid, BLOCK, count, anchor_generator(torch.device("cpu"), 7))
+    whole = block_loss(drafter, batch.aux, batch.input_ids, teacher_tokens(batch.final, lm_head), batch.loss_mask > 0,
+                       anchors, usable, embed.weight, lm_head, slot_weights(BLOCK, 2.0))
+    whole.loss.backward()
+    expected = {name: p.grad.clone() for name, p in drafter.named_parameters()}
+    drafter.zero_grad()
+
+    parts = list(score_blocks(drafter, batch, lm_head, embed.weight, options, anchor_generator(torch.device("cpu"), 7)))
+    assert len(parts) == 3
+    torch.testing.assert_close(sum(p.loss for p in parts), whole.loss)
+    for field in ("shares", "correct", "counted", "accepted", "blocks", "depth_counts"):
+        torch.testing.assert_close(sum(getattr(p, field) for p in parts), getattr(whole, field))
+    drafter.zero_grad()
+    tallies = tuple(torch.zeros(BLOCK - 1) for _ in range(3))
+    assert block_micro_batch(drafter, batch, lm_head, embed.weight, options, contextlib.nullcontext, tallies, 7) == 80
+    torch.testing.assert_close(tallies[0], whole.shares)
+    for name, p in drafter.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], msg=name)

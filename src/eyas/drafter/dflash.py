@@ -298,15 +298,35 @@ def accepted_runs(right: torch.Tensor) -> torch.Tensor:
     return right.long().cumprod(dim=-1).sum(dim=-1)
 
 
+def slot_places(trained: torch.Tensor, anchors: torch.Tensor, usable: torch.Tensor, block_size: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the mask slots of blocks at ``anchors`` [R, n] land in rows [R, T] → (positions [R, n·(B − 1)], clamped
+    into the row; counted [R, n, B − 1]: the slot is trained — its position is, and its block is usable)."""
+    rows, length = trained.shape
+    offsets = torch.arange(1, block_size, device=anchors.device)
+    at = (anchors[..., None] + offsets).clamp(max=length - 1).view(rows, -1)
+    counted = trained.gather(1, at).view(rows, anchors.shape[1], block_size - 1) & usable[..., None]
+    return at, counted
+
+
+def slot_weight_total(trained: torch.Tensor, anchors: torch.Tensor, usable: torch.Tensor, weights: torch.Tensor
+                      ) -> torch.Tensor:
+    """Σ w_k over the trained slots of blocks at ``anchors``: the loss's denominator (no forward needed)."""
+    _, counted = slot_places(trained, anchors, usable, weights.shape[0] + 1)
+    return (counted.float() * weights.to(counted.device)).sum()
+
+
 def block_loss(drafter: DFlashDrafter, features: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor,
                trained: torch.Tensor, anchors: torch.Tensor, usable: torch.Tensor, embed: torch.Tensor,
-               lm_head: torch.Tensor, weights: torch.Tensor) -> BlockStats:
+               lm_head: torch.Tensor, weights: torch.Tensor, normalizer: torch.Tensor | None = None) -> BlockStats:
     """Every block of a batch in one forward: features [R, T, A·Ht], input_ids, labels (the token expected at each
     position) and trained (bool) [R, T], anchors and usable [R, n] (:func:`block_anchors`), the target's embedding and
     lm_head weights, slot weights [B − 1] (:func:`slot_weights`).
 
     Slot k of the block at a is trained to predict labels[a + k] where that position is trained; the loss is the
-    weighted mean cross-entropy over trained slots, Σ w_k·CE / Σ w_k (the published objective)."""
+    weighted mean cross-entropy over trained slots, Σ w_k·CE / Σ w_k (the published objective). ``normalizer``: the
+    Σ w_k of all the blocks this forward is a part of (:func:`slot_weight_total`), so that the parts' losses add up to
+    the whole's; by default this forward's own."""
     config = drafter.config
     block = config.block_size
     rows, length = input_ids.shape
@@ -319,13 +339,12 @@ def block_loss(drafter: DFlashDrafter, features: torch.Tensor, input_ids: torch.
     mask = batch_training_mask(anchors, length, block)
     hidden = drafter.block_hidden(F.embedding(tokens, embed).to(context.dtype), positions, context_kv, mask)
     hidden = hidden.view(rows, count, block, -1)[:, :, 1:]  # the mask slots [R, n, B − 1, H]
-    at = (anchors[..., None] + offsets[1:]).clamp(max=length - 1).view(rows, -1)
+    at, counted = slot_places(trained, anchors, usable, block)
     expected = labels.gather(1, at).view(rows, count, block - 1)
-    counted = trained.gather(1, at).view(rows, count, block - 1) & usable[..., None]
     logits = F.linear(hidden, lm_head.to(hidden.dtype)).float()
     each = F.cross_entropy(logits.flatten(0, 2), expected.flatten(), reduction="none").view_as(expected)
     weighted = counted.float() * weights.to(each.device)
-    total = weighted.sum().clamp_min(1e-9)
+    total = (weighted.sum() if normalizer is None else normalizer).clamp_min(1e-9)
     per_slot = (each * weighted).sum((0, 1)) / total  # each slot's share: they sum to the loss
     right = (logits.argmax(-1) == expected) & counted
     whole = counted.all(-1)

@@ -7,15 +7,21 @@ verification would accept it, whatever the data's answers were. Each batch row g
 blocks anchored at random trained places (:func:`eyas.drafter.dflash.block_anchors`), drawn from a generator seeded
 by the batch's place in the run, so a resumed run draws what an uninterrupted one would. The loss, the mask and the
 drafting they equal are :mod:`eyas.drafter.dflash`'s; tests/test_dflash.py pins them.
+
+A coverage above one runs as passes of at most ``width / block`` blocks per row, each its own forward (and, in
+training, its own backward): one forward over all n blocks would attend over n·B own-block keys per query, nearly all
+masked (at coverage 16, 94 % of the keys), and hold every slot's logits at once. The passes' losses share one
+denominator, so they add up to the loss of all the blocks in one forward, and their gradients to its gradient.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 
-from eyas.drafter.dflash import DFlashDrafter, block_anchors, block_loss, slot_weights, teacher_tokens
+from eyas.drafter.dflash import BlockStats, DFlashDrafter, block_anchors, block_loss, slot_weight_total, slot_weights, teacher_tokens
 
 
 def blocks_per_row(width: int, block_size: int, coverage: float) -> int:
@@ -33,29 +39,45 @@ def batch_seed(seed: int, epoch: int, index: int) -> int:
     return (seed * 1_000_003 + epoch * 65_537 + index) % (2**63)
 
 
-def score_blocks(drafter: DFlashDrafter, batch, head: torch.Tensor, embed: torch.Tensor, options, generator):
-    """One batch's blocks, drawn and scored (:class:`eyas.drafter.dflash.BlockStats`)."""
+def block_passes(anchors: torch.Tensor, usable: torch.Tensor, per_pass: int
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A batch's anchors and usable [R, n] in consecutive groups of at most ``per_pass`` blocks per row (the draw's
+    order is random, so each group is a random share of the blocks)."""
+    return list(zip(anchors.split(per_pass, dim=1), usable.split(per_pass, dim=1), strict=True))
+
+
+def score_blocks(drafter: DFlashDrafter, batch, head: torch.Tensor, embed: torch.Tensor, options, generator
+                 ) -> Iterator[BlockStats]:
+    """One batch's blocks, drawn, then scored one pass at a time (:class:`eyas.drafter.dflash.BlockStats` per pass;
+    the passes' losses, shares and counts add up to the whole batch's)."""
     config = drafter.config
+    width = batch.input_ids.shape[1]
     labels = teacher_tokens(batch.final, head)
-    count = blocks_per_row(batch.input_ids.shape[1], config.block_size, options.block_coverage)
+    trained = batch.loss_mask > 0
+    count = blocks_per_row(width, config.block_size, options.block_coverage)
     anchors, usable = block_anchors(batch.loss_mask, batch.valid, config.block_size, count, generator)
     weights = slot_weights(config.block_size, options.slot_decay, batch.input_ids.device)
-    return block_loss(drafter, batch.aux, batch.input_ids, labels, batch.loss_mask > 0, anchors, usable, embed, head,
-                      weights)
+    normalizer = slot_weight_total(trained, anchors, usable, weights)
+    for part, part_usable in block_passes(anchors, usable, blocks_per_row(width, config.block_size, 1.0)):
+        yield block_loss(drafter, batch.aux, batch.input_ids, labels, trained, part, part_usable, embed, head, weights,
+                         normalizer)
 
 
 def block_micro_batch(drafter: DFlashDrafter, batch, head: torch.Tensor, embed: torch.Tensor, options, autocast,
                       tallies: tuple[torch.Tensor, torch.Tensor, torch.Tensor], seed: int) -> int:
-    """Forward and backward of one micro-batch; adds each slot's share of the loss, hits and trained slots to
-    ``tallies`` [B − 1] (on the device, not read back); returns the batch's real tokens."""
+    """Forward and backward of one micro-batch, pass by pass; adds each slot's share of the loss, hits and trained
+    slots to ``tallies`` [B − 1] (on the device, not read back); returns the batch's real tokens."""
     shares, correct, counted = tallies
-    with autocast():
-        stats = score_blocks(drafter, batch, head, embed, options, anchor_generator(batch.input_ids.device, seed))
-    (stats.loss / options.grad_accum).backward()
-    shares += stats.shares / options.grad_accum
-    correct += stats.correct
-    counted += stats.counted
-    return batch.tokens
+    passes = score_blocks(drafter, batch, head, embed, options, anchor_generator(batch.input_ids.device, seed))
+    while True:
+        with autocast():
+            stats = next(passes, None)
+        if stats is None:
+            return batch.tokens
+        (stats.loss / options.grad_accum).backward()
+        shares += stats.shares / options.grad_accum
+        correct += stats.correct
+        counted += stats.counted
 
 
 @torch.no_grad()
@@ -73,14 +95,14 @@ def evaluate_blocks(drafter: DFlashDrafter, source, head: torch.Tensor, embed: t
     for b in range(len(source.batches) if max_batches is None else min(max_batches, len(source.batches))):
         batch = source.batch(b)
         with autocast():
-            stats = score_blocks(drafter, batch, head, embed, options, anchor_generator(batch.input_ids.device, b))
-        loss += float(stats.loss)
+            for stats in score_blocks(drafter, batch, head, embed, options, anchor_generator(batch.input_ids.device, b)):
+                loss += float(stats.loss)
+                correct += stats.correct.cpu()
+                counted += stats.counted.cpu()
+                depth += stats.depth_counts.cpu()
+                accepted += float(stats.accepted)
+                blocks += float(stats.blocks)
         batches += 1
-        correct += stats.correct.cpu()
-        counted += stats.counted.cpu()
-        depth += stats.depth_counts.cpu()
-        accepted += float(stats.accepted)
-        blocks += float(stats.blocks)
     drafter.train(was_training)
     cumulative = (depth / max(blocks, 1.0)).tolist()
     conditional = [cumulative[0]] + [cumulative[k] / cumulative[k - 1] if cumulative[k - 1] else 0.0

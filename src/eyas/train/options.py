@@ -31,7 +31,9 @@ class TrainOptions(Options):
                              "published drafters' 16", check=at_least(2))
     draft_layers: int = option(5, "dflash: decoder layers (the published drafters' 5)", check=at_least(1))
     block_coverage: float = option(1.0, "dflash: block rows per token of a batch row (blocks per row = coverage × "
-                                   "width / block size, anchored at random trained places)", check=above(0))
+                                   "width / block size, anchored at random trained places; above 1 it runs as "
+                                   "passes of width / block size blocks, each its own forward and backward)",
+                                   check=above(0))
     slot_decay: float | None = option(7.0, "dflash: slot k's loss weight is exp(−(k − 1)/γ), γ this (the published 7 "
                                       "for blocks of 16)", check=above(0))
     mask_token_id: int | None = option(None, "dflash: the token id of a block's mask slots (default: the vocabulary's "
