@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from eyas.drafter.dflash import DFlashDrafter, dflash_config_from_target, propose
-from eyas.engine.acceptance import Sampling, target_probs
+from eyas.engine.acceptance import Sampling
 from eyas.engine.block_runner import BlockDraftRunner
 from eyas.engine.decode import Speculation, generate
 from eyas.engine.target_runner import TargetRunner
@@ -20,7 +20,7 @@ from eyas.target.capture import capture_hidden_states
 from eyas.target.layer_ids import default_layer_ids
 from eyas.target.layout import discover_layout
 from test_engine_greedy import prompt_of, reference_greedy
-from test_engine_tree_sampling import chi_square_p
+from test_engine_tree_sampling import assert_second_token_follows, first_two_distributions
 from zoo import ARCHITECTURES
 
 NEW_TOKENS = 20
@@ -101,23 +101,13 @@ def test_sampled_block_speculation_follows_the_target():
     model = ARCHITECTURES["llama"][0]()
     target, runner = block_runners(model, capacity=64)
     prompt = prompt_of(11, length=6)
-    sampling = Sampling(temperature=0.05)
-    with torch.no_grad():
-        first_probs = target_probs(model(prompt).logits[0, -1], sampling)
-        first = int(first_probs.argmax())
-        second_probs = target_probs(model(torch.cat([prompt, torch.tensor([[first]])], 1)).logits[0, -1], sampling)
+    first, second_probs = first_two_distributions(model, prompt, Sampling(temperature=0.05))
     likely = int(second_probs.argmax())
     real = runner.propose
     runner.propose = lambda root, anchor, steps: (real(root, anchor, steps), torch.tensor([likely, 0, 0])[:steps])[1]
-    counts, accepted = torch.zeros(256), 0
-    for seed in range(600):
-        g = generate(target, prompt, 2, runner, CHAIN, Sampling(temperature=0.05, seed=seed))
-        if g.tokens[0] == first:
-            counts[g.tokens[1]] += 1
-            accepted += g.accepted[0]
-    assert counts.sum() > 150, "the prefill token is rarely the likeliest: pick another prompt"
-    assert 0.1 < accepted / counts.sum() < 0.95  # both acceptance and rejection were exercised
-    assert chi_square_p(counts, second_probs) > 1e-3
+    assert_second_token_follows(
+        lambda seed: generate(target, prompt, 2, runner, CHAIN, Sampling(temperature=0.05, seed=seed)),
+        first, second_probs, seeds=600, least=150)
 
 
 def test_modes_a_block_drafter_cannot_decode_are_refused_in_one_line(tmp_path):
@@ -146,3 +136,21 @@ def test_block_rounds_replayed_from_recordings_stay_lossless_across_prompts():
         generate(target, prompt, 6, runner, CHAIN, Sampling(temperature=1.0, seed=seed))
     kinds = sorted(str(key[:2]) for key in target.graphs.recorded if isinstance(key, tuple))
     assert kinds == sorted(str((step, "chain")) for step in ("burst", "draft+verify", "commit"))
+
+
+@pytest.mark.parametrize("verification", ["standard", "block"])
+def test_drawn_block_drafts_follow_the_target(verification, monkeypatch):
+    """A block's slots drawn from their own distributions (``draft_sampling="probabilistic"``): the token decided
+    after the first block follows the target's distribution (χ²). Every slot's distribution is pinned to 0.6 / 0.4
+    on the target's two likeliest tokens, so the first draft is accepted and rejected often."""
+    model = ARCHITECTURES["llama"][0]()
+    target, runner = block_runners(model, capacity=64)
+    prompt = prompt_of(11, length=6)
+    first, second_probs = first_two_distributions(model, prompt, Sampling(temperature=0.05))
+    wanted = torch.full((256,), 1e-9)
+    wanted[second_probs.topk(2).indices] = torch.tensor([0.6, 0.4])
+    monkeypatch.setattr(BlockDraftRunner, "slot_logits", lambda self, root, anchor, steps: (0.05 * wanted.log()).expand(steps, -1))
+    assert_second_token_follows(
+        lambda seed: generate(target, prompt, 2, runner, CHAIN, Sampling(
+            temperature=0.05, seed=seed, draft_sampling="probabilistic", verification=verification)),
+        first, second_probs, seeds=600, least=150)

@@ -114,6 +114,28 @@ def chi_square_p(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic.double() / 2))
 
 
+def first_two_distributions(model, prompt: torch.Tensor, sampling: Sampling) -> tuple[int, torch.Tensor]:
+    """The target's likeliest first token after ``prompt`` and its distribution of the second token after that one."""
+    with torch.no_grad():
+        first = int(target_probs(model(prompt).logits[0, -1], sampling).argmax())
+        second = target_probs(model(torch.cat([prompt, torch.tensor([[first]])], 1)).logits[0, -1], sampling)
+    return first, second
+
+
+def assert_second_token_follows(run, first: int, second_probs: torch.Tensor, seeds: int, least: int) -> None:
+    """The check of every sampled-round test: ``run(seed)`` decodes two tokens; among the runs whose first token is
+    ``first``, the second follows ``second_probs`` (χ²), and the first round both accepted and rejected drafts."""
+    counts, accepted = torch.zeros(len(second_probs)), 0
+    for seed in range(seeds):
+        g = run(seed)
+        if g.tokens[0] == first:
+            counts[g.tokens[1]] += 1
+            accepted += g.accepted[0]
+    assert counts.sum() > least, "the prefill token is rarely the likeliest: pick another prompt"
+    assert 0.1 < accepted / counts.sum() < 0.95  # both acceptance and rejection were exercised
+    assert chi_square_p(counts, second_probs) > 1e-3
+
+
 def test_acceptance_walk_emits_the_target_distribution():
     vocab, draws = 6, 20000
     gen = torch.Generator().manual_seed(0)
@@ -164,11 +186,7 @@ def test_speculative_sampling_follows_the_target_end_to_end(mode, monkeypatch):
     model = ARCHITECTURES["llama"][0]()
     target, drafter = runners(model, capacity=64)
     prompt = prompt_of(11, length=6)
-    sampling = Sampling(temperature=0.05)  # a random tiny model is flat: sharpen it
-    with torch.no_grad():
-        first_probs = target_probs(model(prompt).logits[0, -1], sampling)
-        first = int(first_probs.argmax())
-        second_probs = target_probs(model(torch.cat([prompt, torch.tensor([[first]])], 1)).logits[0, -1], sampling)
+    first, second_probs = first_two_distributions(model, prompt, Sampling(temperature=0.05))  # flat model: sharpen
     likely = second_probs.topk(2).indices.tolist()
     if mode == "chain":
         speculation = Speculation("chain", 3)
@@ -183,12 +201,41 @@ def test_speculative_sampling_follows_the_target_end_to_end(mode, monkeypatch):
             return Draft(torch.cat([self.state.root, torch.tensor([likely[1], likely[0]])]), self.state.target_length + depths,
                          torch.tensor([-1, 0, 0]), depths)
     monkeypatch.setattr(Round, "draft", fixed)
-    counts, accepted = torch.zeros(256), 0
-    for seed in range(800):
-        g = generate(target, prompt, 2, drafter, speculation, Sampling(temperature=0.05, seed=seed))
-        if g.tokens[0] == first:
-            counts[g.tokens[1]] += 1
-            accepted += g.accepted[0]
-    assert counts.sum() > 200, "the prefill token is rarely the likeliest: pick another prompt"
-    assert 0.1 < accepted / counts.sum() < 0.95  # both acceptance and rejection were exercised
-    assert chi_square_p(counts, second_probs) > 1e-3
+    assert_second_token_follows(
+        lambda seed: generate(target, prompt, 2, drafter, speculation, Sampling(temperature=0.05, seed=seed)),
+        first, second_probs, seeds=800, least=200)
+
+
+@pytest.mark.parametrize("verification", ["standard", "block"])
+def test_drawn_drafts_through_the_engine_follow_the_target(verification, monkeypatch):
+    """Drafts drawn from the drafter's distribution (``draft_sampling="probabilistic"``), through the engine: the
+    token decided after the first round's drafts follows the target's distribution (χ²). The drafter's distribution is
+    pinned to 0.6 / 0.4 on the two tokens the target likes best among those the draft vocabulary holds, so the first
+    draft is accepted and rejected often, by each rule."""
+    from eyas.engine.draft_runner import DraftRunner
+
+    model = ARCHITECTURES["llama"][0]()
+    target, drafter = runners(model, capacity=64)
+    prompt = prompt_of(11, length=6)
+    first, second_probs = first_two_distributions(model, prompt, Sampling(temperature=0.05))
+    vocab = drafter.vocabulary()
+    best = second_probs[vocab].topk(2).indices  # draft-vocabulary entries
+    wanted = torch.full((len(vocab),), 1e-9)
+    wanted[best] = torch.tensor([0.6, 0.4])
+    monkeypatch.setattr(DraftRunner, "logits", lambda self, prenorm: (0.05 * wanted.log()).expand(prenorm.shape[1], -1))
+    assert_second_token_follows(
+        lambda seed: generate(target, prompt, 2, drafter, Speculation("chain", 3), Sampling(
+            temperature=0.05, seed=seed, draft_sampling="probabilistic", verification=verification)),
+        first, second_probs, seeds=800, least=200)
+
+
+def test_chain_only_rules_are_refused_for_trees_in_one_line():
+    from eyas.errors import EyasError
+
+    model = ARCHITECTURES["llama"][0]()
+    target, drafter = runners(model, capacity=64)
+    for rule in ({"draft_sampling": "probabilistic"}, {"verification": "block"}):
+        with pytest.raises(EyasError, match="chain modes"):
+            generate(target, prompt_of(1, length=6), 4, drafter, TREE, Sampling(temperature=1.0, **rule))
+    with pytest.raises(EyasError, match="one of greedy, probabilistic"):
+        Sampling(temperature=1.0, draft_sampling="sampled")

@@ -115,12 +115,12 @@ def generate(o: GenerateOptions) -> None:
 
     from eyas.data.benchmarks import render
     from eyas.data.render import read_chat_template
-    from eyas.engine.acceptance import Sampling
     from eyas.engine.decode import generate as decode
     from eyas.engine.loading import load_engine, load_target_for, prompt_tensor
     from eyas.engine.modes import parse_mode, target_capacity
 
     speculation = parse_mode(o.mode)
+    o.sampling().check_mode(speculation.mode)  # before anything loads
     template = read_chat_template(o.chat_template)
     loaded = load_target_for(o.draft, o.target, device=o.device, trust_remote_code=o.trust_remote_code)
     ids = render(loaded.tokenizer, o.prompt, template)
@@ -141,7 +141,7 @@ def generate(o: GenerateOptions) -> None:
 
     start = time.perf_counter()
     result = decode(engine.target_runner, prompt_tensor(ids), o.max_new_tokens, engine.draft_runner,
-                    speculation if o.draft else None, Sampling(o.temperature, o.top_p, o.seed), engine.stop_ids,
+                    speculation if o.draft else None, o.sampling(), engine.stop_ids,
                     None if o.as_json else stream)
     seconds = time.perf_counter() - start
     if o.as_json:

@@ -19,7 +19,7 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eyas.engine.modes import MODE_SPELLING, parse_mode
+from eyas.engine.modes import DRAFT_SAMPLING, MODE_SPELLING, VERIFICATION, parse_mode
 from eyas.errors import EyasError, OptionError
 
 
@@ -165,6 +165,13 @@ class EngineOptions(Options):
     max_new_tokens: int = option(256, "longest answer in tokens", check=at_least(1))
     seed: int = option(0, "seed of the sampling draws (with --temperature > 0): the same seed, the same output",
                        check=SEED)
+    draft_sampling: str = option("greedy", "with --temperature > 0: greedy = drafts are the drafter's argmax (a "
+                                 "tree's top-k), accepted with the target's probability; probabilistic = a chain's "
+                                 "drafts drawn from the drafter's own distribution (same temperature and top-p), "
+                                 "accepted with min(1, p/q)", check=one_of(*DRAFT_SAMPLING))
+    verification: str = option("standard", "with --temperature > 0: standard = token by token; block = a chain's "
+                               "drafts judged together (Sun et al. 2024: never fewer kept on average)",
+                               check=one_of(*VERIFICATION))
     device: str | None = option(None, "where the target and drafter run: cuda, cuda:N or cpu (default: cuda when "
                                 "available)", check=DEVICE)
     trust_remote_code: bool = remote_code()
@@ -174,6 +181,12 @@ class EngineOptions(Options):
                            "(faster rounds; each mode compiles once)", flag="--compile/--no-compile")
     lean: bool = option(True, "decode Llama-family targets through eyas' fused Llama forward (q/k/v and gate/up one "
                         "matmul each); --no-lean: the model's own forward", flag="--lean/--no-lean")
+
+    def sampling(self):
+        """The :class:`eyas.engine.acceptance.Sampling` these options ask for."""
+        from eyas.engine.acceptance import Sampling
+
+        return Sampling(self.temperature, self.top_p, self.seed, self.draft_sampling, self.verification)
 
 
 @dataclass

@@ -147,6 +147,8 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
             result.accepted_per_position = [x / max(1, result.rounds) for x in result.accepted_per_position]
     settings = {"modes": [m.label() for m in modes], "temperature": sampling.temperature, "top_p": sampling.top_p,
                 "max_new_tokens": max_new_tokens, "device": str(device), "repeats": repeats}
+    if not sampling.greedy:  # which rule the sampled rounds ran
+        settings.update(draft_sampling=sampling.draft_sampling, verification=sampling.verification)
     return BenchResult(datasets=datasets, settings=settings, partial=partial, stopped_by=stopped_by)
 
 

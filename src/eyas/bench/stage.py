@@ -16,7 +16,6 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     from eyas.bench.run import BenchResult, run_bench
     from eyas.data.benchmarks import load_prompts
     from eyas.data.render import read_chat_template
-    from eyas.engine.acceptance import Sampling
     from eyas.engine.loading import load_engine, load_target_for
     from eyas.engine.modes import target_capacity
     from eyas.manifest import clear_manifest, input_record, verify_stage_dir, write_manifest
@@ -29,6 +28,9 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     _check_choice(options, engines)
     previous = claim_out(options.out, "bench", options.force, MARKERS)
     modes = bench_modes(options)
+    sampling = options.sampling()
+    for mode in modes:  # a rule a mode cannot run: said before anything loads
+        sampling.check_mode(mode.mode)
     template = read_chat_template(options.chat_template)
     if options.data is not None:
         verify_stage_dir(options.data, "prepare")
@@ -53,7 +55,6 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
                                    options.max_prompt_tokens, template)
     if not chosen:
         raise EyasError(f"no prompts left to benchmark (dropped: {dropped})")
-    sampling = Sampling(temperature=options.temperature, top_p=options.top_p, seed=options.seed)
     if target is not None:
         # caches sized to the longest chosen prompt, not to --max-prompt-tokens: static-shape attention (CUDA graphs)
         # spans the whole cache, and a multi-token step costs ~2× more over 2,048 slots than over 660 (BENCHMARKS.md)

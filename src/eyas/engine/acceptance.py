@@ -13,6 +13,17 @@ if every child is rejected, sample the bonus token from what is left of p. Child
 probability exactly p(c) — (1 − Σ earlier) · p(c) / (1 − Σ earlier) — and anything else with its
 own p, so every emitted token follows the target's distribution (a test counts it). The walk runs on
 the host (:func:`walk_sampling`), which draws the uniforms from one seeded generator.
+
+Sampled drafts (``draft_sampling="probabilistic"``): each draft is drawn from the drafter's own distribution q
+(its logits under the request's temperature and top-p, as the target's), a node's children without replacement.
+The rule is then the general one: accept child c with probability min(1, p(c)/q(c)); on rejection p becomes
+max(0, p − q) renormalised and q loses c (renormalised), and the next child is tried; the bonus comes from what is
+left of p. With a one-hot q it is the rule above. Block verification (``verification="block"``, Sun et al.,
+arXiv 2403.10444, chains only) decides how many drafts to keep from the whole chain at once: with r_0 = 1 and
+r_i = min(1, r_{i−1}·p_i(x_i)/q_i(x_i)), keep the first i drafts with probability h_i, the largest i whose coin
+comes up wins, where h_i = m_i / (m_i + 1 − r_i) with m_i = Σ_x max(0, r_i·p_{i+1}(x) − q_{i+1}(x)), and h_k = r_k;
+after τ kept drafts the next token comes from max(0, r_τ·p_{τ+1} − q_{τ+1}) (τ = k: from p_{k+1}). Its output
+follows the target's distribution as well, and it keeps at least as many drafts on average as the token rule.
 """
 
 from __future__ import annotations
@@ -21,14 +32,37 @@ from dataclasses import dataclass
 
 import torch
 
+from eyas.engine.modes import DRAFT_SAMPLING, VERIFICATION
+from eyas.errors import EyasError
+
 
 @dataclass(frozen=True)
 class Sampling:
-    """temperature 0 = greedy; top_p filters the target's distribution as transformers does."""
+    """temperature 0 = greedy; top_p filters the target's distribution as transformers does. With T > 0:
+    ``draft_sampling`` (:data:`DRAFT_SAMPLING`) and ``verification`` (:data:`VERIFICATION`) choose the rule."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    draft_sampling: str = "greedy"
+    verification: str = "standard"
+
+    def __post_init__(self):
+        if self.draft_sampling not in DRAFT_SAMPLING:
+            raise EyasError(f"draft sampling {self.draft_sampling!r}: one of {', '.join(DRAFT_SAMPLING)}")
+        if self.verification not in VERIFICATION:
+            raise EyasError(f"verification {self.verification!r}: one of {', '.join(VERIFICATION)}")
+
+    def check_mode(self, mode: str) -> None:
+        """Refuse a rule a decoding mode cannot run: drawn drafts and block verification are chain rules."""
+        if self.greedy or mode != "tree":
+            return
+        if self.draft_sampling != "greedy":
+            raise EyasError("--draft-sampling probabilistic runs with chain modes: a dynamic tree keeps its drafter's "
+                            "top-k children, which were not drawn (pick chain:K, or --draft-sampling greedy)")
+        if self.verification != "standard":
+            raise EyasError("--verification block judges a chain's drafts together: run it with chain modes (a tree "
+                            "is verified token by token)")
 
     @property
     def greedy(self) -> bool:
@@ -101,12 +135,15 @@ def child_lists(parents: list[int]) -> list[list[int]]:
     return lists
 
 
-def walk_sampling(tokens: list[int], parents: list[int], probs: torch.Tensor,
-                  generator: torch.Generator) -> tuple[list[int], int]:
+def walk_sampling(tokens: list[int], parents: list[int], probs: torch.Tensor, generator: torch.Generator,
+                  draft_probs: torch.Tensor | None = None) -> tuple[list[int], int]:
     """(accepted node indices, root first; bonus token) of a tree (``tokens``, ``parents``: root −1) under the
-    target's distributions at its nodes ``probs`` [n, V], on any device: each node's probability under its
-    parent's distribution comes back in one read, the walk runs on the host, and only the bonus token is
-    sampled where ``probs`` live."""
+    target's distributions at its nodes ``probs`` [n, V], on any device. ``draft_probs`` [n, V]: the drafter's
+    distribution at each node, from which its children were drawn without replacement (None: deterministic drafts,
+    each a one-hot proposal). Per-node probabilities come back in few reads, the walk runs on the host, and only the
+    bonus token is sampled where ``probs`` live."""
+    if draft_probs is not None:
+        return _walk_drawn(tokens, parents, probs, draft_probs, generator)
     children = child_lists(parents)
     rows = torch.tensor(parents[1:], device=probs.device)
     chance = [0.0, *probs[rows, torch.tensor(tokens[1:], device=probs.device)].tolist()]
@@ -133,3 +170,56 @@ def walk_sampling(tokens: list[int], parents: list[int], probs: torch.Tensor,
             return path, sample(rest, generator)
         node = accepted
         path.append(node)
+
+
+def _walk_drawn(tokens: list[int], parents: list[int], probs: torch.Tensor, draft_probs: torch.Tensor,
+                generator: torch.Generator) -> tuple[list[int], int]:
+    """:func:`walk_sampling` for drafts drawn from ``draft_probs``: the general rule (module docstring)."""
+    children = child_lists(parents)
+    path, node = [0], 0
+    while True:
+        p, q = probs[node].float(), draft_probs[node].float()
+        accepted = None
+        for child in children[node]:
+            token = tokens[child]
+            p_token, q_token = (float(v) for v in torch.stack([p[token], q[token]]).tolist())
+            if float(torch.rand((), generator=generator)) * q_token < p_token:  # u < min(1, p/q)
+                accepted = child
+                break
+            p = (p - q).clamp(min=0.0)
+            p = p / p.sum().clamp(min=1e-30)
+            q = q.clone()
+            q[token] = 0.0
+            q = q / q.sum().clamp(min=1e-30)
+        if accepted is None:
+            return path, sample(p, generator)
+        node = accepted
+        path.append(node)
+
+
+def block_verdict(drafts: list[int], probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                  generator: torch.Generator) -> tuple[int, int]:
+    """Block verification of a chain (module docstring): ``drafts`` [k] after the root, the target's distributions
+    at the root and each draft ``probs`` [k + 1, V], the drafter's ``draft_probs`` [k, V] each draft was drawn from
+    (None: deterministic drafts, one-hot) → (drafts kept, the token after them)."""
+    k, device = len(drafts), probs.device
+    index, chosen = torch.arange(k, device=device), torch.tensor(drafts, device=device)
+    p = probs.float()
+    q = (torch.zeros(k, p.shape[-1], device=device).index_put_((index, chosen), torch.tensor(1.0, device=device))
+         if draft_probs is None else draft_probs.float())
+    p_drafts, q_drafts = torch.stack([p[index, chosen], q[index, chosen]]).tolist()
+    ratio = [1.0]  # r_0 … r_k
+    for p_i, q_i in zip(p_drafts, q_drafts, strict=True):
+        ratio.append(min(1.0, ratio[-1] * p_i / q_i) if q_i > 0 else 0.0)
+    # residual masses m_1 … m_{k−1}: what is left of r_i·p_{i+1} above q_{i+1}, one read for all of them
+    masses = (torch.tensor(ratio[1:k], device=device)[:, None] * p[1:k] - q[1:k]).clamp(min=0.0).sum(-1).tolist()
+    keep_chance = [m / (m + 1.0 - r) if m + 1.0 - r > 0 else 1.0 for m, r in zip(masses, ratio[1:k], strict=True)]
+    keep_chance.append(ratio[k])
+    kept = 0
+    for i, chance in enumerate(keep_chance, start=1):
+        if float(torch.rand((), generator=generator)) < chance:
+            kept = i
+    if kept == k:
+        return kept, sample(p[k], generator)
+    rest = (ratio[kept] * p[kept] - q[kept]).clamp(min=0.0)
+    return kept, sample(rest if float(rest.sum()) > 0 else p[kept], generator)

@@ -77,8 +77,12 @@ class BlockDraftRunner:
     def propose(self, root: torch.Tensor, anchor: torch.Tensor, steps: int) -> torch.Tensor:
         """The block at position ``anchor`` [1] holding ``root`` [1] → its first ``steps`` greedy proposals, target
         ids [steps], in one forward: the cache's slots before ``anchor`` are its context."""
+        return self.slot_logits(root, anchor, steps).argmax(-1)
+
+    def slot_logits(self, root: torch.Tensor, anchor: torch.Tensor, steps: int) -> torch.Tensor:
+        """The logits of the block's first ``steps`` mask slots over the target's vocabulary [steps, V]."""
         tokens = torch.cat([root, self._mask_tokens]).view(1, -1)
         positions = (anchor + self._offsets).view(1, -1)
         mask = torch.cat([self._slots < anchor, self._own]).expand(self.config.block_size, -1)
         hidden = self.drafter.block_hidden(F.embedding(tokens, self.embed), positions, self.cache, mask)
-        return self._head(hidden[:, 1 : steps + 1])[0].argmax(-1)
+        return self._head(hidden[:, 1 : steps + 1])[0]

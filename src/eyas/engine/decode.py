@@ -86,6 +86,8 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
     sampling = sampling or Sampling()
     generator = torch.Generator().manual_seed(sampling.seed)  # the host draws every uniform: one seed, one output
     speculating = drafter is not None and speculation is not None
+    if speculating:
+        sampling.check_mode(speculation.mode)
     output = _Output(max_new_tokens, set(stop_ids), on_tokens, speculation.max_depth if speculating else 0)
     # 1. the prompt: the target's prefill, whose next token is the first emitted
     logits, aux = target.prefill(prompt)

@@ -71,8 +71,9 @@ class DraftRunner:
         self._offsets = torch.cat([length, length])
         prenorm, scores, ids = self._compute(aux, next_tokens, positions, top_k, True, self._attend_static)
         last = valid - 1
-        return (prenorm.index_select(1, last), scores.index_select(0, last), ids.index_select(0, last),
-                positions[0].index_select(0, last).view(1, 1), length + valid)
+        pick = (lambda x: None) if not top_k else (lambda x: x.index_select(0, last))  # top_k 0: no proposals
+        return (prenorm.index_select(1, last), pick(scores), pick(ids), positions[0].index_select(0, last).view(1, 1),
+                length + valid)
 
     def speculate(self, hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, committed: torch.Tensor,
                   written: int, window: torch.Tensor, top_k: int):
@@ -84,12 +85,20 @@ class DraftRunner:
         self._offsets = torch.cat([committed, committed + written])
         return self._compute(hidden, token_ids, positions, top_k, False, self._attend_static)
 
+    def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
+        """The drafter's logits over its vocabulary [n, Vd] after pre-norm states [1, n, H]."""
+        return self._head(self.drafter.norm(prenorm))[0]
+
+    def vocabulary(self) -> torch.Tensor:
+        """The target id of each draft-vocabulary entry [Vd]."""
+        return self.drafter.to_target_ids(torch.arange(len(self.drafter.d2t), device=self.drafter.d2t.device))
+
     def _compute(self, x, token_ids, positions, top_k: int, from_target: bool, attend):
         hidden = self.drafter.fc(x.to(self.dtype)) if from_target else x
         prenorm = self.drafter.layer(hidden, token_ids, positions, attend, self._fused)
         if not top_k:
             return prenorm, None, None
-        logits = self._head(self.drafter.norm(prenorm))[0]
+        logits = self.logits(prenorm)
         # the top-k of the logits is the top-k of the log-probabilities; only those k are normalised
         best, ids = largest(logits, top_k)
         scores = best.float() - torch.logsumexp(logits.float(), -1, keepdim=True)

@@ -28,14 +28,41 @@ def draft_chain(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tens
     """Commit the first ``valid`` [1] of the target states ``aux`` [1, n, k·Ht] (each with the token after it, at
     ``positions`` [1, n]) after ``length`` [1] committed ones, then draft ``steps`` tokens greedily from the last
     valid one → target ids [steps]."""
-    hidden, _, ids, position, committed = drafter.commit(aux, next_tokens, positions, length, valid, 1)
-    token = drafter.drafter.to_target_ids(ids).view(1, 1)
+    return _chain(drafter, aux, next_tokens, positions, length, valid, steps, 1,
+                  lambda hidden, ids: drafter.drafter.to_target_ids(ids).view(1, 1))
+
+
+# A drawn chain's step: the drafter's logits over its vocabulary [Vd] → (the target id drawn [1, 1], the distribution
+# it was drawn from over the target's vocabulary [V]).
+Draw = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def draw_chain(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+               length: torch.Tensor, valid: torch.Tensor, steps: int, draw: Draw) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`draft_chain` with each draft drawn from the drafter's distribution by ``draw`` (sampled rounds)
+    → (target ids [steps], the distribution each was drawn from [steps, V])."""
+    rows = []
+
+    def pick(hidden, ids):
+        token, row = draw(drafter.logits(hidden)[-1])
+        rows.append(row)
+        return token.view(1, 1)
+
+    return _chain(drafter, aux, next_tokens, positions, length, valid, steps, 0, pick), torch.stack(rows)
+
+
+def _chain(drafter: DraftRunner, aux, next_tokens, positions, length, valid, steps: int, top_k: int,
+           pick: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]) -> torch.Tensor:
+    """A chain's passes: commit, then one speculative pass per further draft; ``pick`` (pre-norm [1, 1, H], top-k ids
+    or None) → the step's target id [1, 1]."""
+    hidden, _, ids, position, committed = drafter.commit(aux, next_tokens, positions, length, valid, top_k)
+    token = pick(hidden, ids)
     drafted = [token]
     for step in range(1, steps):  # step i sees the committed positions and the i − 1 drafts before it
         position = position + 1
         window = torch.ones(1, step, dtype=torch.bool, device=drafter.device)
-        hidden, _, ids = drafter.speculate(hidden, token, position, committed, step - 1, window, 1)
-        token = drafter.drafter.to_target_ids(ids).view(1, 1)
+        hidden, _, ids = drafter.speculate(hidden, token, position, committed, step - 1, window, top_k)
+        token = pick(hidden, ids)
         drafted.append(token)
     return torch.cat(drafted, dim=1)[0]
 

@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from eyas.engine.acceptance import Sampling, chain_verdict, sample, target_probs, tree_verdict, walk_sampling
+from eyas.engine.acceptance import Sampling, block_verdict, chain_verdict, sample, target_probs, tree_verdict, walk_sampling
 from eyas.engine.draft_runner import DraftRunner
-from eyas.engine.drafting import ancestor_mask, draft_chain, draft_tree, proposal_depths
+from eyas.engine.drafting import ancestor_mask, draft_chain, draft_tree, draw_chain, proposal_depths
 from eyas.engine.graphs import InputBuffer
 from eyas.engine.modes import Speculation
 from eyas.engine.target_runner import TargetRunner
@@ -246,25 +246,61 @@ class Round:
         numbers = self._verdict.tensor
         self.commit(self._draft, Verdict(numbers[0:1], numbers[1:2], numbers[2:]))
 
+    def draw(self, sampling: Sampling, generator: torch.Generator) -> tuple[Draft, torch.Tensor]:
+        """A chain drawn from the drafter's own distribution (its logits under the request's temperature and top-p),
+        the host drawing each draft → (the draft, the distribution each draft was drawn from [k, V])."""
+        state, n, drafter, k = self.state, self.width, self.drafter, self.speculation.draft_length
+        if getattr(drafter, "blocks", False):  # a block drafter: every slot's distribution from one forward
+            drafter.commit(self.aux, state.positions.view(1, n))
+            rows = target_probs(drafter.slot_logits(state.root, state.target_length, k), sampling)
+            drafts = torch.tensor([sample(row, generator) for row in rows], device=rows.device)
+        else:
+            vocab = drafter.vocabulary()  # draft-vocabulary entry → target id
+            size = self.target.layout.lm_head.weight.shape[0]
+
+            def draw(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                chances = target_probs(logits, sampling)
+                return vocab[sample(chances, generator)], chances.new_zeros(size).index_copy_(0, vocab, chances)
+
+            drafts, rows = draw_chain(drafter, self.aux, state.emitted.view(1, n), state.positions.view(1, n),
+                                      state.drafter_length, state.valid, k, draw)
+        device = self.target.device
+        return Draft(torch.cat([state.root, drafts.to(device)]), state.target_length + self.steps), rows.to(device)
+
     @torch.no_grad()
     def sampled(self, sampling: Sampling, generator: torch.Generator) -> tuple[int, list[int]]:
         """One sampled round → (drafts accepted, tokens emitted). Draft and verify replay one recording; the
         host walks the acceptance rule with its seeded generator; the commit replays another recording, fed
-        the host's verdict."""
+        the host's verdict. Drafts drawn from the drafter (``sampling.draft_sampling``) are drawn on the host
+        too, so that round runs its steps eagerly."""
         graphs = self.target.graphs
-        self.ensure_recorded(("draft+verify", self.draft_and_verify), ("commit", self.commit_verdict))
-        draft, logits = graphs.run(self.key("draft+verify"), self.draft_and_verify)
+        drawn = sampling.draft_sampling == "probabilistic" and self.mode != "plain"
+        draft_probs = None
+        if drawn:
+            draft, draft_probs = self.draw(sampling, generator)
+            self._draft, logits = draft, self.verify(draft)
+        else:
+            self.ensure_recorded(("draft+verify", self.draft_and_verify), ("commit", self.commit_verdict))
+            draft, logits = graphs.run(self.key("draft+verify"), self.draft_and_verify)
         probs = target_probs(logits, sampling)
         if self.mode == "plain":
             path, bonus, tokens = [0], sample(probs[0], generator), []
+        elif sampling.verification == "block":  # a chain's drafts judged together
+            tokens = draft.tokens.tolist()
+            accepted, bonus = block_verdict(tokens[1:], probs, draft_probs, generator)
+            path = list(range(accepted + 1))
         else:
             n = len(draft.tokens)
             parents = torch.arange(-1, n - 1) if draft.parents is None else draft.parents
             tokens, parent_list = torch.cat([draft.tokens, parents.to(draft.tokens.device)]).view(2, n).tolist()
-            path, bonus = walk_sampling(tokens, parent_list, probs, generator)
+            node_probs = None if draft_probs is None else torch.cat([draft_probs, draft_probs[-1:]])  # a leaf: any row
+            path, bonus = walk_sampling(tokens, parent_list, probs, generator, node_probs)
         accepted = len(path) - 1
         self._verdict.fill(torch.tensor([accepted, bonus, *path, *([0] * (self.width - len(path)))]))
-        graphs.run(self.key("commit"), self.commit_verdict)
+        if drawn:
+            self.commit_verdict()
+        else:
+            graphs.run(self.key("commit"), self.commit_verdict)
         self.target.length += accepted + 1
         if self.drafter is not None:
             self.drafter.length += self._valid
