@@ -94,13 +94,15 @@ class ReplayFirst:
 
 
 def test_recordings_are_per_round_kind_and_stay_correct_across_generations():
-    """With (fake) CUDA graphs, what is recorded — one greedy round per mode, a sampled round's two halves, a
+    """With (fake) CUDA graphs, what is recorded — one greedy round per mode, one sampled round per mode and rule, a
     prefill per bucket — is replayed for every later prompt, whatever its length or its acceptances: each
-    recording reads buffers that outlive one generation, and its warm-up runs leave no trace in the output."""
+    recording reads buffers that outlive one generation, and its warm-up runs leave no trace in the output (a
+    sampled generation equals the same seed's without recordings)."""
     from eyas.engine.acceptance import Sampling
 
     model = ARCHITECTURES["llama"][0]()
     target, drafter = runners(model)
+    eager_target, eager_drafter = runners(model)
     target.graphs = target.prefill_graphs = ReplayFirst()
     target.bucketed_prefill = True
     target.prefill(prompt_of(0, length=3))  # the first forward allocates the cache: never recorded
@@ -109,10 +111,12 @@ def test_recordings_are_per_round_kind_and_stay_correct_across_generations():
         expected = reference_greedy(model, prompt, NEW_TOKENS)
         for speculation in (None, CHAIN, TREE):
             assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == expected, (seed, speculation)
-            generate(target, prompt, 6, drafter, speculation, Sampling(temperature=1.0, seed=seed))
+            sampling = Sampling(temperature=1.0, seed=seed)
+            sampled = generate(target, prompt, 6, drafter, speculation, sampling)
+            assert sampled == generate(eager_target, prompt, 6, eager_drafter, speculation, sampling), (seed, speculation)
     kinds = sorted(str(key[:2]) for key in target.graphs.recorded if isinstance(key, tuple))
     assert kinds == sorted(str((step, mode)) for mode in ("plain", "chain", "tree")
-                           for step in ("burst", "draft+verify", "commit"))
+                           for step in ("burst", ("burst", Sampling(temperature=1.0).recorded)))
     assert sorted(key for key in target.graphs.recorded if isinstance(key, int)) == [16]  # 8, 9 and 13 share a bucket
 
 

@@ -10,7 +10,7 @@ draws, exact rule) and through the whole engine.
 import pytest
 import torch
 
-from eyas.engine.acceptance import Sampling, sample, target_probs, tree_verdict, walk_sampling
+from eyas.engine.acceptance import Sampling, draw, target_probs, tree_sampled, tree_verdict
 from eyas.engine.decode import Speculation, generate, round_for
 from eyas.engine.drafting import ancestor_mask
 from eyas.engine.round import Draft, Round
@@ -136,20 +136,23 @@ def assert_second_token_follows(run, first: int, second_probs: torch.Tensor, see
     assert chi_square_p(counts, second_probs) > 1e-3
 
 
-def test_acceptance_walk_emits_the_target_distribution():
+def test_tree_rule_emits_the_target_distribution():
+    """The tree rule alone, many draws: the first token follows the root's p whichever of three children hold it, and
+    the second, after the first child, follows that child's p."""
     vocab, draws = 6, 20000
     gen = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(4, vocab, generator=gen) * 1.5, -1)
     # root → children tokens 2, 0, 5 (nodes 1-3); node 1 (token 2) → child token 4 (node 4)
-    tokens, parents = [9, 2, 0, 5, 4], [-1, 0, 0, 0, 1]
+    tokens, parents, depths = torch.tensor([0, 2, 0, 5, 4]), torch.tensor([-1, 0, 0, 0, 1]), torch.tensor([0, 1, 1, 1, 2])
     probs = torch.cat([probs, probs[1:2]])  # node 4's distribution: any distribution will do
     first = torch.zeros(vocab)
     second = torch.zeros(vocab)  # after the first token was 2 (node 1 accepted)
     for _ in range(draws):
-        path, bonus = walk_sampling(tokens, parents, probs, gen)
-        emitted = [tokens[n] for n in path[1:]] + [bonus]
+        accepted, bonus, path = tree_sampled(tokens, parents, depths, probs, torch.rand(5, generator=gen), levels=2)
+        path = path[1 : int(accepted) + 1].tolist()
+        emitted = tokens[path].tolist() + [int(bonus)]
         first[emitted[0]] += 1
-        if len(path) > 1 and path[1] == 1:
+        if path[:1] == [1]:
             second[emitted[1]] += 1
     assert chi_square_p(first, probs[0]) > 1e-3
     assert chi_square_p(second, probs[1]) > 1e-3
@@ -157,17 +160,15 @@ def test_acceptance_walk_emits_the_target_distribution():
     assert chi_square_p(torch.tensor([0, 0, draws, 0, 0, 0], dtype=torch.float), probs[0]) < 1e-6
 
 
-def test_sample_follows_unnormalised_weights_and_never_picks_a_zero():
+def test_draw_follows_unnormalised_weights_and_never_picks_a_zero():
     gen = torch.Generator().manual_seed(1)
-    weights = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 2.5])  # sums to 7: sample renormalises
-    counts = torch.zeros(len(weights))
-    for _ in range(14000):
-        counts[sample(weights, gen)] += 1
+    weights = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 2.5])  # sums to 7: draw renormalises
+    tokens = draw(weights.expand(14000, -1), torch.rand(14000, generator=gen))
+    counts = torch.bincount(tokens, minlength=len(weights)).float()
     assert counts[weights == 0].sum() == 0
     assert chi_square_p(counts, weights / weights.sum()) > 1e-3
-    # one seed, one stream of draws: the same tokens again
-    runs = [torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)]
-    assert [sample(weights, runs[0]) for _ in range(50)] == [sample(weights, runs[1]) for _ in range(50)]
+    # the edges: a uniform of 0 draws the first token of mass, one just below 1 the last
+    assert draw(weights, torch.tensor(0.0)).item() == 1 and draw(weights, torch.tensor(1 - 1e-7)).item() == 6
 
 
 def test_top_p_keeps_the_smallest_nucleus():

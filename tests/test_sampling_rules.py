@@ -1,5 +1,6 @@
 """Every sampling rule keeps the target's distribution: chains and trees, T > 0, top-p < 1, drafts deterministic or
-drawn from the drafter, token-by-token or block verification (eyas.engine.acceptance).
+drawn from the drafter (chains), token-by-token or block verification (eyas.engine.acceptance: the rules the engine
+runs on the device, here on the CPU with uniforms from a seeded generator).
 
 A toy world: over a vocabulary of 5, the target's next-token distribution and the drafter's are fixed random
 functions of the whole prefix (the drafter's correlated with the target's, so drafts are accepted often and rejected
@@ -13,7 +14,7 @@ import zlib
 import pytest
 import torch
 
-from eyas.engine.acceptance import Sampling, block_verdict, sample, target_probs, walk_sampling
+from eyas.engine.acceptance import Sampling, block_sampled, chain_sampled, draw, target_probs, tree_sampled
 from test_engine_tree_sampling import chi_square_p
 
 VOCAB, RUNS = 5, 12000
@@ -32,12 +33,16 @@ def dist(who: str, prefix: tuple[int, ...], sampling: Sampling) -> torch.Tensor:
     return target_probs(_logits(who, prefix), sampling).double()
 
 
+def uniform(generator, n=1):
+    return torch.rand(n, generator=generator, dtype=torch.float64)
+
+
 def draft_chain(prefix, k, sampling, generator, drawn):
     """k drafts after ``prefix`` and the drafter's distribution each came from (drawn: sampled; else argmax)."""
     drafts, rows = [], []
     for _ in range(k):
         q = dist("drafter", prefix + tuple(drafts), sampling)
-        drafts.append(sample(q, generator) if drawn else int(q.argmax()))
+        drafts.append(int(draw(q, uniform(generator)[0])) if drawn else int(q.argmax()))
         rows.append(q)
     return drafts, torch.stack(rows)
 
@@ -45,40 +50,22 @@ def draft_chain(prefix, k, sampling, generator, drawn):
 def chain_round(prefix, sampling, generator, rule, drawn, k=3):
     drafts, q = draft_chain(prefix, k, sampling, generator, drawn)
     p = torch.stack([dist("target", prefix + tuple(drafts[:i]), sampling) for i in range(k + 1)])
-    kept, bonus = rule(drafts, p, q if drawn else None, generator)
-    return drafts[:kept] + [bonus]
+    kept, bonus = rule(torch.tensor(drafts), p, q if drawn else None, uniform(generator, k + 1))
+    return drafts[: int(kept)] + [int(bonus)]
 
 
-def standard_chain(drafts, p, q, generator):
-    tokens, parents = [-1, *drafts], list(range(-1, len(drafts)))
-    path, bonus = walk_sampling(tokens, parents, p, generator, None if q is None else torch.cat([q, q[-1:]]))
-    return len(path) - 1, bonus
-
-
-def tree_round(prefix, sampling, generator, rule, drawn):
-    """A fixed-shape tree: two children of the root (drawn without replacement from q, or q's two likeliest), one
-    child under each."""
-    q_root = dist("drafter", prefix, sampling)
-    if drawn:
-        first = sample(q_root, generator)
-        rest = q_root.clone()
-        rest[first] = 0.0
-        pair = [first, sample(rest, generator)]
-    else:
-        pair = q_root.topk(2).indices.tolist()
-    q_rows = [q_root]
-    grand = []
-    for token in pair:
-        q = dist("drafter", prefix + (token,), sampling)
-        grand.append(sample(q, generator) if drawn else int(q.argmax()))
-        q_rows.append(q)
-    tokens, parents = [-1, pair[0], pair[1], grand[0], grand[1]], [-1, 0, 0, 1, 2]
+def tree_round(prefix, sampling, generator, rule=tree_sampled):
+    """A fixed-shape tree of the drafter's likeliest tokens: the root's two best children, the best child under each."""
+    pair = dist("drafter", prefix, sampling).topk(2).indices.tolist()
+    grand = [int(dist("drafter", prefix + (token,), sampling).argmax()) for token in pair]
+    tokens, parents, depths = [-1, pair[0], pair[1], grand[0], grand[1]], [-1, 0, 0, 1, 2], [0, 1, 1, 2, 2]
     node_prefix = [prefix, prefix + (pair[0],), prefix + (pair[1],), prefix + (pair[0], grand[0]),
                    prefix + (pair[1], grand[1])]
     p = torch.stack([dist("target", pre, sampling) for pre in node_prefix])
-    q = torch.stack(q_rows + [q_rows[1], q_rows[2]])  # leaves: no children, any row
-    path, bonus = rule(tokens, parents, p, generator, q if drawn else None)
-    return [tokens[n] for n in path[1:]] + [bonus]
+    tokens[0] = 0  # the root's token is never read
+    accepted, bonus, path = rule(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths), p,
+                                 uniform(generator, 5), levels=2)
+    return [tokens[n] for n in path[1 : int(accepted) + 1].tolist()] + [int(bonus)]
 
 
 def two_tokens(round_fn, sampling, generator) -> tuple[int, int]:
@@ -114,57 +101,67 @@ SAMPLINGS = [Sampling(temperature=1.0), Sampling(temperature=0.7, top_p=0.8)]
 @pytest.mark.parametrize("drawn", [False, True], ids=["argmax-drafts", "drawn-drafts"])
 @pytest.mark.parametrize("rule", ["standard", "block"])
 def test_chain_rules_keep_the_target_distribution(rule, drawn, sampling):
-    verdict = standard_chain if rule == "standard" else block_verdict
+    verdict = chain_sampled if rule == "standard" else block_sampled
     p_value, _ = pair_test(functools.partial(chain_round, rule=verdict, drawn=drawn), sampling)
     assert p_value > 1e-3
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.7-top-p0.8"])
-@pytest.mark.parametrize("drawn", [False, True], ids=["top-k-drafts", "drawn-without-replacement"])
-def test_tree_rules_keep_the_target_distribution(drawn, sampling):
-    p_value, _ = pair_test(functools.partial(tree_round, rule=walk_sampling, drawn=drawn), sampling)
+def test_tree_rule_keeps_the_target_distribution(sampling):
+    p_value, _ = pair_test(tree_round, sampling)
     assert p_value > 1e-3
 
 
 def test_block_verification_keeps_at_least_as_many_drafts():
     """Block verification is never worse than token-by-token on average (Sun et al.): here with drawn drafts."""
     sampling = Sampling(temperature=1.0)
-    _, standard = pair_test(functools.partial(chain_round, rule=standard_chain, drawn=True), sampling, seed=5)
-    _, block = pair_test(functools.partial(chain_round, rule=block_verdict, drawn=True), sampling, seed=5)
+    _, standard = pair_test(functools.partial(chain_round, rule=chain_sampled, drawn=True), sampling, seed=5)
+    _, block = pair_test(functools.partial(chain_round, rule=block_sampled, drawn=True), sampling, seed=5)
     assert block >= standard - 0.02
 
 
 def test_wrong_rules_fail_the_same_test():
     """The test has power: argmax drafts judged as if drawn from q (min(1, p/q) for a token nobody drew), a residual
-    that forgets to subtract q, and block verification without its residual mass — each is caught. (Drawn drafts
-    judged as one-hot are not wrong: the draft is then a known token, and that rule holds for any draft; it only
-    accepts less often, Σ p·q against Σ min(p, q).)"""
+    that forgets to subtract q, block verification without its residual mass, and a tree whose later siblings are
+    judged with their plain p — each is caught. (Drawn drafts judged as one-hot are not wrong: the draft is then a
+    known token, and that rule holds for any draft; it only accepts less often, Σ p·q against Σ min(p, q).)"""
     sampling = Sampling(temperature=1.0)
 
     def argmax_judged_as_drawn(prefix, sampling, generator):
         drafts, q = draft_chain(prefix, 3, sampling, generator, drawn=False)
         p = torch.stack([dist("target", prefix + tuple(drafts[:i]), sampling) for i in range(4)])
-        kept, bonus = standard_chain(drafts, p, q, generator)
-        return drafts[:kept] + [bonus]
+        kept, bonus = chain_sampled(torch.tensor(drafts), p, q, uniform(generator, 4))
+        return drafts[: int(kept)] + [int(bonus)]
 
-    def residual_is_p(drafts, p, q, generator):
-        for i, token in enumerate(drafts):
-            if float(torch.rand((), generator=generator)) * float(q[i, token]) < float(p[i, token]):
-                continue
-            return i, sample(p[i], generator)
-        return len(drafts), sample(p[-1], generator)
+    def residual_is_p(drafts, p, q, uniforms):
+        kept, _ = chain_sampled(drafts, p, q, uniforms)
+        return kept, draw(p[int(kept)], uniforms[-1])
 
-    def block_without_mass(drafts, p, q, generator):
+    def block_without_mass(drafts, p, q, uniforms):
         ratio, kept = 1.0, 0
-        for i, token in enumerate(drafts):
+        for i, token in enumerate(drafts.tolist()):
             ratio = min(1.0, ratio * float(p[i, token]) / float(q[i, token]))
-            if float(torch.rand((), generator=generator)) < ratio:
+            if float(uniforms[i]) < ratio:
                 kept = i + 1
-        return kept, sample(p[kept] if kept == len(drafts) else (ratio * p[kept] - q[kept]).clamp(min=0), generator)
+        rest = p[kept] if kept == len(drafts) else (ratio * p[kept] - q[kept]).clamp(min=0)
+        return kept, draw(rest, uniforms[-1])
+
+    def siblings_judged_alone(tokens, parents, depths, p, uniforms, levels):  # a later child: p(c), not p(c) / (1 − Σ)
+        tokens, parents, node, path = tokens.tolist(), parents.tolist(), 0, [0]
+        while True:
+            children = [c for c, parent in enumerate(parents) if parent == node]
+            winner = next((c for c in children if float(uniforms[c]) < float(p[node, tokens[c]])), None)
+            if winner is None:
+                rest = p[node].clone()
+                rest[[tokens[c] for c in children]] = 0.0
+                return len(path) - 1, draw(rest, uniforms[0]), torch.tensor(path + [0] * (levels + 1 - len(path)))
+            node = winner
+            path.append(node)
 
     rounds = {"argmax_judged_as_drawn": argmax_judged_as_drawn,
               "residual_is_p": functools.partial(chain_round, rule=residual_is_p, drawn=True),
-              "block_without_mass": functools.partial(chain_round, rule=block_without_mass, drawn=True)}
+              "block_without_mass": functools.partial(chain_round, rule=block_without_mass, drawn=True),
+              "siblings_judged_alone": functools.partial(tree_round, rule=siblings_judged_alone)}
     for name, round_fn in rounds.items():
         p_value, _ = pair_test(round_fn, sampling)
         assert p_value < 1e-6, name
@@ -174,6 +171,6 @@ def test_drawn_drafts_are_accepted_more_often_than_argmax_ones():
     """Why the rule exists: at T = 1 a flat target often refuses the drafter's argmax, while a draft drawn from a q
     close to p is kept with probability Σ min(p, q)."""
     sampling = Sampling(temperature=1.0)
-    _, argmax = pair_test(functools.partial(chain_round, rule=standard_chain, drawn=False), sampling, seed=5)
-    _, drawn = pair_test(functools.partial(chain_round, rule=standard_chain, drawn=True), sampling, seed=5)
+    _, argmax = pair_test(functools.partial(chain_round, rule=chain_sampled, drawn=False), sampling, seed=5)
+    _, drawn = pair_test(functools.partial(chain_round, rule=chain_sampled, drawn=True), sampling, seed=5)
     assert drawn > argmax + 0.05

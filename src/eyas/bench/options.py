@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 
 from eyas.data.benchmarks import DATASETS
-from eyas.engine.modes import MODE_SPELLING, parse_modes
+from eyas.engine.modes import DRAFT_SAMPLING, MODE_SPELLING, VERIFICATION, parse_modes
 from eyas.options import (
     Check,
     EngineOptions,
@@ -66,7 +66,30 @@ class BenchOptions(EngineOptions):
                                       "GET /v1/models lists)")
     vllm_python: str | None = vllm_python_option()
     vllm_args: list[str] = vllm_args_option("--engine vllm")
+    _: KW_ONLY  # the two below override EngineOptions' (keyword-only there) with lists: keyword-only here too
+    draft_sampling: tuple[str, ...] = option(("greedy",), "with --temperature > 0, comma-separated, each a decoder of its "
+                                             "own beside the others: greedy = drafts are the drafter's argmax (a tree's "
+                                             "top-k), probabilistic = a chain's drafts drawn from the drafter (rows "
+                                             "'drawn'); e.g. greedy,probabilistic measures both rules in one run",
+                                             check=each(one_of(*DRAFT_SAMPLING)))
+    verification: tuple[str, ...] = option(("standard",), "with --temperature > 0, comma-separated as --draft-sampling: "
+                                           "standard = token by token, block = a chain's drafts judged together "
+                                           "(rows 'block')", check=each(one_of(*VERIFICATION)))
     force: bool = force_option()
+
+    def samplings(self) -> list:
+        """Each sampling rule to decode with (:class:`eyas.engine.acceptance.Sampling`): every --draft-sampling with
+        every --verification; greedy decoding (--temperature 0) has one rule."""
+        from eyas.engine.acceptance import Sampling
+
+        if self.temperature <= 0:
+            return [Sampling(self.temperature, self.top_p, self.seed)]
+        return [Sampling(self.temperature, self.top_p, self.seed, drafts, verification)
+                for drafts in self.draft_sampling for verification in self.verification]
+
+    def sampling(self):
+        """The first of :meth:`samplings` (the bench's engines and servers decode with its temperature and top-p)."""
+        return self.samplings()[0]
 
     def chosen_engines(self) -> tuple[str, ...]:
         """The engines this run decodes in: --engine, else eyas' own unless a --server is measured instead."""

@@ -6,7 +6,9 @@ on the same target runner, one after another, so the ratio compares like with li
 speedup comes with its spread over prompts: on a shared machine one figure alone can mislead. Rounds are
 pooled over a dataset's prompts (τ = 1 + accepted / rounds, as vLLM reports it). At temperature 0
 each speculative output is also compared with the plain one, token for token: the report says how
-many matched (all of them, or something is broken).
+many matched (all of them, or something is broken). Sampled, each mode may run under several rules
+(:func:`decoders`), side by side in the same run: "chain:5" is the drafter's argmax verified token by token,
+"chain:5 drawn" drafts drawn from the drafter, "chain:5 block" block verification, "chain:5 drawn+block" both.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from eyas.engine.decode import Generation, generate
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.modes import Speculation
 from eyas.engine.target_runner import TargetRunner
+from eyas.errors import EyasError
 
 
 @dataclass
@@ -109,25 +112,52 @@ def timed(device: torch.device, call):
     return result, time.perf_counter() - start
 
 
+RULE_LABELS = {("greedy", "standard"): "", ("probabilistic", "standard"): " drawn", ("greedy", "block"): " block",
+               ("probabilistic", "block"): " drawn+block"}
+
+
+def decoders(modes: list[Speculation], samplings: list[Sampling]) -> list[tuple[str, Speculation, Sampling]]:
+    """Each (label, mode, sampling) to decode: every mode under every rule it can run (a tree: its top-k verified
+    token by token), labelled with the rule unless it is the default one. A mode that can run none of them: the
+    error that says why."""
+    chosen = []
+    for mode in modes:
+        runnable = []
+        for sampling in samplings:
+            try:
+                sampling.check_mode(mode.mode)
+            except EyasError:
+                continue
+            runnable.append((mode.label() + RULE_LABELS[sampling.draft_sampling, sampling.verification], mode, sampling))
+        if not runnable:
+            samplings[0].check_mode(mode.mode)  # raises: why this mode runs none of the rules
+        chosen += runnable
+    return chosen
+
+
 def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt], modes: list[Speculation],
-              sampling: Sampling, max_new_tokens: int, stop_ids: set[int], progress=None,
+              samplings: list[Sampling] | Sampling, max_new_tokens: int, stop_ids: set[int], progress=None,
               repeats: int = 1) -> BenchResult:
-    """Decode every prompt plainly and in every mode (``repeats`` turns each, median time); pool per dataset."""
-    device = target.device
+    """Decode every prompt plainly and in every mode under every rule of ``samplings`` (:func:`decoders`; one
+    temperature, top-p and seed), ``repeats`` turns each, median time; pool per dataset."""
+    samplings = [samplings] if isinstance(samplings, Sampling) else samplings
+    sampling, device = samplings[0], target.device
+    chosen = decoders(modes, samplings)
     datasets: dict[str, list[ModeResult]] = {}
     # warm-up: allocator, kernels and lazy initialisation must not land in the first timed prompt
     if prompts:
         warm = torch.tensor([prompts[0].input_ids])
         generate(target, warm, 4, sampling=sampling)
-        for mode in modes:
-            generate(target, warm, 4, drafter, mode, sampling)
+        for _, mode, rule in chosen:
+            generate(target, warm, 4, drafter, mode, rule)
     done, partial, stopped_by = 0, None, signal.SIGINT
     try:
         with terminate_as_interrupt():
             for prompt in prompts:
-                outputs, times = _decode_in_turns(target, drafter, prompt, modes, sampling, max_new_tokens, stop_ids, repeats)
+                outputs, times = _decode_in_turns(target, drafter, prompt, chosen, sampling, max_new_tokens, stop_ids,
+                                                  repeats)
                 # a prompt counts once every decoder has decoded it: one interrupted midway is left out whole
-                results = datasets.setdefault(prompt.dataset, [ModeResult("plain"), *(ModeResult(m.label()) for m in modes)])
+                results = datasets.setdefault(prompt.dataset, [ModeResult("plain"), *(ModeResult(c[0]) for c in chosen)])
                 plain = outputs[0]  # the last turn's outputs: greedy ones are the same every turn, sampled ones share the seed
                 for result, output, seconds in zip(results, outputs, times, strict=True):
                     _add(result, output, statistics.median(seconds))
@@ -147,21 +177,24 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
             result.accepted_per_position = [x / max(1, result.rounds) for x in result.accepted_per_position]
     settings = {"modes": [m.label() for m in modes], "temperature": sampling.temperature, "top_p": sampling.top_p,
                 "max_new_tokens": max_new_tokens, "device": str(device), "repeats": repeats}
-    if not sampling.greedy:  # which rule the sampled rounds ran
-        settings.update(draft_sampling=sampling.draft_sampling, verification=sampling.verification)
+    if not sampling.greedy:  # which rules the sampled rounds ran
+        settings["rules"] = [f"{s.draft_sampling} drafts, {s.verification} verification" for s in samplings]
     return BenchResult(datasets=datasets, settings=settings, partial=partial, stopped_by=stopped_by)
 
 
-def _decode_in_turns(target: TargetRunner, drafter: DraftRunner, prompt: Prompt, modes: list[Speculation],
-                     sampling: Sampling, max_new_tokens: int, stop_ids: set[int], repeats: int):
-    """One prompt decoded plainly and in every mode, ``repeats`` turns: (the last turn's outputs, each decoder's times)."""
+def _decode_in_turns(target: TargetRunner, drafter: DraftRunner, prompt: Prompt,
+                     chosen: list[tuple[str, Speculation, Sampling]], sampling: Sampling, max_new_tokens: int,
+                     stop_ids: set[int], repeats: int):
+    """One prompt decoded plainly and by every decoder, ``repeats`` turns: (the last turn's outputs, each decoder's
+    times)."""
     ids = torch.tensor([prompt.input_ids])
-    decoders = [lambda: generate(target, ids, max_new_tokens, sampling=sampling, stop_ids=stop_ids)]
-    decoders += [lambda mode=mode: generate(target, ids, max_new_tokens, drafter, mode, sampling, stop_ids) for mode in modes]
-    times: list[list[float]] = [[] for _ in decoders]
+    calls = [lambda: generate(target, ids, max_new_tokens, sampling=sampling, stop_ids=stop_ids)]
+    calls += [lambda mode=mode, rule=rule: generate(target, ids, max_new_tokens, drafter, mode, rule, stop_ids)
+              for _, mode, rule in chosen]
+    times: list[list[float]] = [[] for _ in calls]
     for _ in range(repeats):  # the decoders take turns, so a slow spell of the machine hits each of them
         outputs = []
-        for decoder, seconds in zip(decoders, times, strict=True):
+        for decoder, seconds in zip(calls, times, strict=True):
             output, took = timed(target.device, decoder)
             outputs.append(output)
             seconds.append(took)

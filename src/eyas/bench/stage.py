@@ -13,7 +13,7 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     without manifest.json.
     """
     from eyas.bench.report import MARKERS, write_report
-    from eyas.bench.run import BenchResult, run_bench
+    from eyas.bench.run import BenchResult, decoders, run_bench
     from eyas.data.benchmarks import load_prompts
     from eyas.data.render import read_chat_template
     from eyas.engine.loading import load_engine, load_target_for
@@ -28,9 +28,8 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     _check_choice(options, engines)
     previous = claim_out(options.out, "bench", options.force, MARKERS)
     modes = bench_modes(options)
-    sampling = options.sampling()
-    for mode in modes:  # a rule a mode cannot run: said before anything loads
-        sampling.check_mode(mode.mode)
+    samplings = options.samplings()
+    decoders(modes, samplings)  # a rule no mode can run: said before anything loads
     template = read_chat_template(options.chat_template)
     if options.data is not None:
         verify_stage_dir(options.data, "prepare")
@@ -64,7 +63,7 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
                              modes=modes)
         stops = engine.stop_ids
         with progress_bar("bench", len(chosen), unit="prompt") as bar:
-            result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, sampling,
+            result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, samplings,
                                options.max_new_tokens, engine.stop_ids, progress=bar if show_progress else None,
                                repeats=options.repeats)
         result.settings["dtype"] = str(target.model.dtype).removeprefix("torch.")

@@ -5,25 +5,26 @@ parent; the argmax at the deepest accepted node is the bonus. The output is then
 output, token for token. It runs on the device with no host synchronisation (:func:`tree_verdict`;
 :func:`chain_verdict` is the same rule for a chain, in four kernels).
 
-Sampling: drafts here are deterministic (argmax chains, top-k trees), i.e. each candidate was
-"proposed with probability 1". The lossless rule for such candidates is the rejection rule with a
-one-hot draft distribution: at a node with target distribution p, try its children in order; accept
-child c with probability p(c); on rejection set p(c) = 0 and renormalise, then try the next child;
-if every child is rejected, sample the bonus token from what is left of p. Child c is emitted with
-probability exactly p(c) — (1 − Σ earlier) · p(c) / (1 − Σ earlier) — and anything else with its
-own p, so every emitted token follows the target's distribution (a test counts it). The walk runs on
-the host (:func:`walk_sampling`), which draws the uniforms from one seeded generator.
+Sampled, the rules run on the device too, with no host synchronisation: every random choice reads a uniform the
+caller drew beforehand (a round's row of uniforms, :func:`draw` inverting a cumulative sum at one), so a sampled
+round is recorded and replayed in bursts as a greedy one is. Each rule's output follows the target's distribution
+(tests count it, and count a deliberately wrong rule failing):
 
-Sampled drafts (``draft_sampling="probabilistic"``): each draft is drawn from the drafter's own distribution q
-(its logits under the request's temperature and top-p, as the target's), a node's children without replacement.
-The rule is then the general one: accept child c with probability min(1, p(c)/q(c)); on rejection p becomes
-max(0, p − q) renormalised and q loses c (renormalised), and the next child is tried; the bonus comes from what is
-left of p. With a one-hot q it is the rule above. Block verification (``verification="block"``, Sun et al.,
-arXiv 2403.10444, chains only) decides how many drafts to keep from the whole chain at once: with r_0 = 1 and
-r_i = min(1, r_{i−1}·p_i(x_i)/q_i(x_i)), keep the first i drafts with probability h_i, the largest i whose coin
-comes up wins, where h_i = m_i / (m_i + 1 − r_i) with m_i = Σ_x max(0, r_i·p_{i+1}(x) − q_{i+1}(x)), and h_k = r_k;
-after τ kept drafts the next token comes from max(0, r_τ·p_{τ+1} − q_{τ+1}) (τ = k: from p_{k+1}). Its output
-follows the target's distribution as well, and it keeps at least as many drafts on average as the token rule.
+- deterministic drafts (``draft_sampling="greedy"``: argmax chains, top-k trees) are proposals of probability one.
+  At a node with target distribution p, its children are tried in order: child c is accepted with probability
+  p(c); on rejection p(c) becomes 0 and p is renormalised for the next child; if every child is rejected the bonus
+  comes from what is left of p. Child c given its earlier siblings' rejection is thus accepted with probability
+  p(c) / (1 − Σ earlier siblings' p), which :func:`tree_sampled` evaluates for every node at once;
+- drafts drawn from the drafter's own distribution q (``draft_sampling="probabilistic"``, chains: its logits under
+  the request's temperature and top-p, as the target's): draft x is accepted with probability min(1, p(x)/q(x)), and
+  after a rejection the bonus comes from max(0, p − q) renormalised (:func:`chain_sampled`; a one-hot q is the rule
+  above);
+- block verification (``verification="block"``, Sun et al., arXiv 2403.10444, chains) decides how many drafts to
+  keep from the whole chain at once: with r_0 = 1 and r_i = min(1, r_{i−1}·p_i(x_i)/q_i(x_i)), keep the first i
+  drafts with probability h_i, the largest i whose coin comes up wins, where h_i = m_i / (m_i + 1 − r_i) with
+  m_i = Σ_x max(0, r_i·p_{i+1}(x) − q_{i+1}(x)), and h_k = r_k; after τ kept drafts the next token comes from
+  max(0, r_τ·p_{τ+1} − q_{τ+1}) (τ = k: from p_{k+1}). It keeps at least as many drafts on average as the token
+  rule (:func:`block_sampled`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    @property
+    def recorded(self) -> tuple:
+        """What a recording of a sampled round bakes in: everything but the seed (which only picks the uniforms)."""
+        return self.temperature, self.top_p, self.draft_sampling, self.verification
+
 
 def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """The distribution the target samples from: softmax(logits / T), restricted to the top-p nucleus."""
@@ -98,8 +104,16 @@ def tree_verdict(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tens
     the accepted depth the entries are unspecified). Siblings hold distinct tokens (a dynamic tree's
     children are one top-k), so the accepted nodes form one path."""
     choice = logits.argmax(-1)
+    agrees = (parents < 0) | (tokens == choice.index_select(0, parents.clamp(min=0)))
+    deepest, accepted, path = _accepted_path(agrees, parents, depths, levels)
+    return accepted, choice.index_select(0, deepest), path
+
+
+def _accepted_path(agrees: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                   levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Nodes the target ``agrees`` with [n] (the root always; at most one child of a node) → (the deepest node whose
+    every ancestor it agrees with [1], its depth = drafts accepted [1], the path to it as :func:`tree_verdict`'s)."""
     parent_rows = parents.clamp(min=0)
-    agrees = (parents < 0) | (tokens == choice.index_select(0, parent_rows))
     accepted_nodes = agrees
     for _ in range(levels):  # one more level settled per pass
         accepted_nodes = agrees & accepted_nodes.index_select(0, parent_rows)
@@ -109,117 +123,87 @@ def tree_verdict(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tens
     up = [deepest]
     for _ in range(levels):
         up.append(parent_rows.index_select(0, up[-1]))
-    steps_up = (accepted - torch.arange(levels + 1, device=tokens.device)).clamp(min=0)
-    path = torch.cat(up).index_select(0, steps_up)
-    return accepted, choice.index_select(0, deepest), path
+    steps_up = (accepted - torch.arange(levels + 1, device=agrees.device)).clamp(min=0)
+    return deepest, accepted, torch.cat(up).index_select(0, steps_up)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token from ``probs`` [V] (any device, need not sum to 1): its cumulative sum inverted at a
-    uniform drawn from the host ``generator``. The distribution stays where it was computed (on a GPU:
-    no [V] logits to the host, no host-side softmax); one number comes back."""
-    cumulative = probs.float().cumsum(-1)
-    point = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(cumulative[-1])
-    # the first token whose cumulative mass passes the point: a token of zero mass never is
-    index = torch.searchsorted(cumulative, torch.tensor([point], dtype=cumulative.dtype, device=cumulative.device),
-                               right=True)
-    return min(int(index), probs.shape[-1] - 1)
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token from each row of ``probs`` [..., V] (need not sum to 1) at ``uniforms`` [...] in [0, 1): the row's
+    cumulative sum inverted there, in float64 — a token of zero mass is never drawn. On the device, no host read."""
+    cumulative = probs.double().cumsum(-1)
+    point = uniforms.double().unsqueeze(-1) * cumulative[..., -1:]
+    return torch.searchsorted(cumulative, point, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
-def child_lists(parents: list[int]) -> list[list[int]]:
-    """Every node's children in tree order (best-scored first: nodes are stored by score)."""
-    lists: list[list[int]] = [[] for _ in parents]
-    for node, parent in enumerate(parents):
-        if parent >= 0:
-            lists[parent].append(node)
-    return lists
+def _bonus(residuals: torch.Tensor, fallback: torch.Tensor, row: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The bonus token [1] drawn at ``uniform`` [1] from ``residuals``' row ``row`` [1] — or, where rounding left that
+    row no mass, from the same row of ``fallback``."""
+    chosen, plain = residuals.index_select(0, row), fallback.index_select(0, row)
+    empty = chosen.sum(-1, keepdim=True) <= 0
+    return draw(torch.where(empty, plain, chosen), uniform)
 
 
-def walk_sampling(tokens: list[int], parents: list[int], probs: torch.Tensor, generator: torch.Generator,
-                  draft_probs: torch.Tensor | None = None) -> tuple[list[int], int]:
-    """(accepted node indices, root first; bonus token) of a tree (``tokens``, ``parents``: root −1) under the
-    target's distributions at its nodes ``probs`` [n, V], on any device. ``draft_probs`` [n, V]: the drafter's
-    distribution at each node, from which its children were drawn without replacement (None: deterministic drafts,
-    each a one-hot proposal). Per-node probabilities come back in few reads, the walk runs on the host, and only the
-    bonus token is sampled where ``probs`` live."""
-    if draft_probs is not None:
-        return _walk_drawn(tokens, parents, probs, draft_probs, generator)
-    children = child_lists(parents)
-    rows = torch.tensor(parents[1:], device=probs.device)
-    chance = [0.0, *probs[rows, torch.tensor(tokens[1:], device=probs.device)].tolist()]
-    path, node = [0], 0
-    while True:
-        rejected: list[int] = []
-        removed = 0.0  # mass of the rejected children: what is left of p is renormalised by 1 − removed
-        accepted = None
-        for child in children[node]:
-            token = tokens[child]
-            if token in rejected:  # a repeated sibling: its mass is already gone
-                continue
-            left = 1.0 - removed
-            if left <= 0.0:  # cannot happen with exact arithmetic; guards rounding
-                break
-            if float(torch.rand((), generator=generator)) < chance[child] / left:
-                accepted = child
-                break
-            rejected.append(token)
-            removed += chance[child]
-        if accepted is None:
-            rest = probs[node].clone()
-            rest[torch.tensor(rejected, dtype=torch.long, device=probs.device)] = 0.0
-            return path, sample(rest, generator)
-        node = accepted
-        path.append(node)
+def _one_hot(drafts: torch.Tensor, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """Deterministic drafts as distributions [k, V]: each its own token with probability one."""
+    return torch.zeros(len(drafts), size, dtype=dtype, device=drafts.device).scatter_(1, drafts.view(-1, 1), 1.0)
 
 
-def _walk_drawn(tokens: list[int], parents: list[int], probs: torch.Tensor, draft_probs: torch.Tensor,
-                generator: torch.Generator) -> tuple[list[int], int]:
-    """:func:`walk_sampling` for drafts drawn from ``draft_probs``: the general rule (module docstring)."""
-    children = child_lists(parents)
-    path, node = [0], 0
-    while True:
-        p, q = probs[node].float(), draft_probs[node].float()
-        accepted = None
-        for child in children[node]:
-            token = tokens[child]
-            p_token, q_token = (float(v) for v in torch.stack([p[token], q[token]]).tolist())
-            if float(torch.rand((), generator=generator)) * q_token < p_token:  # u < min(1, p/q)
-                accepted = child
-                break
-            p = (p - q).clamp(min=0.0)
-            p = p / p.sum().clamp(min=1e-30)
-            q = q.clone()
-            q[token] = 0.0
-            q = q / q.sum().clamp(min=1e-30)
-        if accepted is None:
-            return path, sample(p, generator)
-        node = accepted
-        path.append(node)
+def chain_sampled(drafts: torch.Tensor, probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                  uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token rule for a chain (module docstring): ``drafts`` [k] after the root, the target's distributions at
+    the root and each draft ``probs`` [k + 1, V], the drafter's ``draft_probs`` [k, V] each draft was drawn from
+    (None: deterministic drafts), ``uniforms`` [k + 1] (a coin per draft, then the bonus's) → (drafts accepted [1],
+    bonus [1])."""
+    k = len(drafts)
+    q = _one_hot(drafts, probs.shape[-1], probs.dtype) if draft_probs is None else draft_probs.to(probs.dtype)
+    column = drafts.view(-1, 1)
+    p_drafts, q_drafts = probs[:k].gather(1, column)[:, 0], q.gather(1, column)[:, 0]
+    accepted = (uniforms[:k] * q_drafts < p_drafts).long().cumprod(0).sum().view(1)  # u < min(1, p/q)
+    residuals = torch.cat([(probs[:k] - q).clamp(min=0.0), probs[k:]])
+    return accepted, _bonus(residuals, probs, accepted, uniforms[k:])
 
 
-def block_verdict(drafts: list[int], probs: torch.Tensor, draft_probs: torch.Tensor | None,
-                  generator: torch.Generator) -> tuple[int, int]:
-    """Block verification of a chain (module docstring): ``drafts`` [k] after the root, the target's distributions
-    at the root and each draft ``probs`` [k + 1, V], the drafter's ``draft_probs`` [k, V] each draft was drawn from
-    (None: deterministic drafts, one-hot) → (drafts kept, the token after them)."""
-    k, device = len(drafts), probs.device
-    index, chosen = torch.arange(k, device=device), torch.tensor(drafts, device=device)
-    p = probs.float()
-    q = (torch.zeros(k, p.shape[-1], device=device).index_put_((index, chosen), torch.tensor(1.0, device=device))
-         if draft_probs is None else draft_probs.float())
-    p_drafts, q_drafts = torch.stack([p[index, chosen], q[index, chosen]]).tolist()
-    ratio = [1.0]  # r_0 … r_k
-    for p_i, q_i in zip(p_drafts, q_drafts, strict=True):
-        ratio.append(min(1.0, ratio[-1] * p_i / q_i) if q_i > 0 else 0.0)
-    # residual masses m_1 … m_{k−1}: what is left of r_i·p_{i+1} above q_{i+1}, one read for all of them
-    masses = (torch.tensor(ratio[1:k], device=device)[:, None] * p[1:k] - q[1:k]).clamp(min=0.0).sum(-1).tolist()
-    keep_chance = [m / (m + 1.0 - r) if m + 1.0 - r > 0 else 1.0 for m, r in zip(masses, ratio[1:k], strict=True)]
-    keep_chance.append(ratio[k])
-    kept = 0
-    for i, chance in enumerate(keep_chance, start=1):
-        if float(torch.rand((), generator=generator)) < chance:
-            kept = i
-    if kept == k:
-        return kept, sample(p[k], generator)
-    rest = (ratio[kept] * p[kept] - q[kept]).clamp(min=0.0)
-    return kept, sample(rest if float(rest.sum()) > 0 else p[kept], generator)
+def block_sampled(drafts: torch.Tensor, probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                  uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification of a chain (module docstring), with :func:`chain_sampled`'s arguments → (drafts kept [1],
+    bonus [1])."""
+    k = len(drafts)
+    q = _one_hot(drafts, probs.shape[-1], probs.dtype) if draft_probs is None else draft_probs.to(probs.dtype)
+    column = drafts.view(-1, 1)
+    p_drafts, q_drafts = probs[:k].gather(1, column)[:, 0], q.gather(1, column)[:, 0]
+    steps = torch.where(q_drafts > 0, p_drafts / q_drafts.clamp(min=1e-30), 0.0)
+    ratio = [torch.ones_like(steps[:1])]  # r_0 … r_k, each [1]
+    for i in range(k):
+        ratio.append(torch.clamp(ratio[-1] * steps[i : i + 1], max=1.0))
+    ratio = torch.cat(ratio)
+    # residual rows: max(0, r_i·p_i − q_i) for i < k, and p_k past the last draft
+    residuals = torch.cat([(ratio[:k, None] * probs[:k] - q).clamp(min=0.0), probs[k:]])
+    masses, inner = residuals[1:k].sum(-1), ratio[1:k]
+    room = masses + 1.0 - inner
+    chances = torch.cat([torch.where(room > 0, masses / room.clamp(min=1e-30), 1.0), ratio[k:]])
+    places = torch.arange(1, k + 1, device=drafts.device)
+    kept = (places * (uniforms[:k] < chances)).max().view(1)  # the largest i whose coin came up; none: 0
+    return kept, _bonus(residuals, probs, kept, uniforms[k:])
+
+
+def tree_sampled(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, probs: torch.Tensor,
+                 uniforms: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The token rule for a tree of deterministic drafts (module docstring): ``tokens``, ``parents`` (root −1),
+    ``depths`` [n] as :func:`tree_verdict`'s, the target's distributions at every node ``probs`` [n, V],
+    ``uniforms`` [n] (node c's coin at c, the bonus's at 0) → (drafts accepted [1], bonus [1], path). Siblings are
+    tried in node order (best-scored first)."""
+    n = len(tokens)
+    parent_rows = parents.clamp(min=0)
+    chance = probs.index_select(0, parent_rows).gather(1, tokens.view(-1, 1))[:, 0]  # p(c) under its parent's p
+    order = torch.arange(n, device=tokens.device)
+    earlier = (parents.view(1, -1) == parents.view(-1, 1)) & (order.view(1, -1) < order.view(-1, 1))  # [c, sibling]
+    rejected_mass = (earlier.to(chance.dtype) * chance.view(1, -1)).sum(-1)
+    coin_up = uniforms * (1.0 - rejected_mass).clamp(min=0.0) < chance  # u < p(c) / (1 − Σ earlier siblings' p)
+    first_up = coin_up & ~(earlier & coin_up.view(1, -1)).any(-1)  # tried, i.e. every earlier sibling rejected
+    deepest, accepted, path = _accepted_path((parents < 0) | first_up, parents, depths, levels)
+    # the bonus: the deepest accepted node's p without its children's tokens (each of them was tried and rejected)
+    row = probs.index_select(0, deepest)
+    tried = torch.zeros(probs.shape[-1], dtype=probs.dtype, device=probs.device)
+    tried.index_add_(0, tokens, (parents == deepest).to(probs.dtype))
+    residual = row.masked_fill(tried.view(1, -1) > 0, 0.0)
+    return accepted, _bonus(residual, row, torch.zeros_like(deepest), uniforms[:1]), path

@@ -1,7 +1,9 @@
-"""Greedy rounds in bursts: many rounds replayed on the device, one read-back.
+"""Rounds in bursts: many rounds replayed on the device, one read-back.
 
-A greedy round (:meth:`eyas.engine.round.Round.greedy`) reads and writes only device tensors, so a burst of
-R rounds is R replays of one recorded function and one read-back of what they emitted. Output and τ equal
+A greedy round (:meth:`eyas.engine.round.Round.greedy`) reads and writes only device tensors, and so does a
+sampled one (:meth:`eyas.engine.round.Round.sampled`) given its row of uniforms, which the burst draws for all its
+rounds before queueing them (one kernel, from the generation's seeded generator on the device). A burst of R
+rounds is R replays of one recorded function and one read-back of what they emitted. Output and τ equal
 round-by-round decoding token for token: the host replays the burst's rounds from their recorded acceptance
 counts and stops where a stop token or the limit falls. A burst may run past a stop token (wasted work,
 never wrong output).
@@ -18,13 +20,14 @@ from collections import deque
 
 import torch
 
+from eyas.engine.acceptance import Sampling
 from eyas.engine.round import Round
 
 MAX_ROUNDS = {"plain": 32, "chain": 16, "tree": 8}  # a tree round emits up to depth + 1 tokens: a burst's overshoot stays small
 
 
 class Burst:
-    """The greedy rounds of one :class:`Round`, queued on the device and read back a burst at a time."""
+    """The rounds of one :class:`Round`, greedy or sampled, queued on the device and read back a burst at a time."""
 
     pipelined = True  # queue the next burst before reading the last one back (False: one at a time, to compare)
 
@@ -35,6 +38,9 @@ class Burst:
         self._region = self.max_rounds * width + width
         self.out = torch.zeros(2 * self._region, dtype=torch.long, device=device)
         self.accepted = torch.zeros(2 * self.max_rounds, dtype=torch.long, device=device)
+        self.uniforms = torch.zeros(2 * self.max_rounds, round.uniforms_per_round, device=device)  # a row a round
+        self.sampling = Sampling()
+        self.generator: torch.Generator | None = None
         self._region_starts = torch.tensor([[0, 0], [self._region, self.max_rounds]], device=device)
         readback = 2 + self.max_rounds + self._region  # both lengths, the acceptance counts, the tokens
         pinned = device.type == "cuda"
@@ -57,11 +63,19 @@ class Burst:
         """How many rounds (≤ ``wanted``, ≤ the burst size) fit both caches after the queued ones."""
         return min(self.max_rounds, self.round.rounds_that_fit(wanted, self.queued_rounds))
 
-    def start(self) -> None:
-        """Forget bursts of an earlier generation; record the round on first use."""
-        self.round.ensure_recorded(("burst", self._replay))
+    def start(self, sampling: Sampling | None = None, generator: torch.Generator | None = None) -> None:
+        """Forget bursts of an earlier generation; decode its rounds under ``sampling`` (default greedy), a sampled
+        round's uniforms from ``generator`` (on the round's device); record the round on first use."""
+        self.sampling, self.generator = sampling or Sampling(), generator
+        if not self.sampling.greedy and generator is None:
+            raise ValueError("sampled rounds need a generator for their uniforms")
+        self.round.ensure_recorded((self._name(), self._replay))
         self._queued.clear()
         self._next = 0
+
+    def _name(self) -> str | tuple:
+        """The recording's name: a sampled round's bakes in its rule (everything of the sampling but the seed)."""
+        return "burst" if self.sampling.greedy else ("burst", self.sampling.recorded)
 
     @torch.no_grad()
     def extend(self, rounds: int) -> None:
@@ -69,10 +83,13 @@ class Burst:
         half, state = self._next, self.round.state
         self._next ^= 1
         state.output_place.copy_(self._region_starts[half])  # this burst's outcome goes to its half
-        key = self.round.key("burst")
+        first = half * self.max_rounds
+        if not self.sampling.greedy:
+            self.uniforms[first : first + rounds].uniform_(generator=self.generator)
+        key = self.round.key(self._name())
         for _ in range(rounds):
             self.round.target.graphs.run(key, self._replay)
-        first, out = half * self.max_rounds, half * self._region
+        out = half * self._region
         head = torch.cat([state.lengths, self.accepted[first : first + rounds], self.out[out : out + self._region]])
         host = self._host[half][: len(head)]
         if self._copied[half] is None:
@@ -100,12 +117,15 @@ class Burst:
         return result
 
     def _replay(self) -> None:
-        """One greedy round, then its outcome written to this burst's half of the output buffers."""
+        """One round, then its outcome written to this burst's half of the output buffers."""
         state = self.round.state
-        new, accepted, emitted = self.round.greedy()
+        if self.sampling.greedy:
+            new, accepted, emitted = self.round.greedy()
+        else:
+            new, accepted, emitted = self.round.sampled(self.sampling, self.uniforms.index_select(0, state.round_index)[0])
         at = state.out_at if self.round.width == 1 else state.out_at + self.round.steps
         self.out.index_copy_(0, at, new)
         if self.round.drafter is not None:  # plain rounds accept nothing: their counts stay 0
             self.accepted.index_copy_(0, state.round_index, accepted)
-            state.round_index.add_(1)
+        state.round_index.add_(1)
         state.out_at.add_(emitted)

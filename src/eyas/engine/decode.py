@@ -2,10 +2,11 @@
 
 A generation is the target's prefill of the prompt, whose next token is the first one emitted, then
 rounds (:mod:`eyas.engine.round`: draft → verify → accept → commit) until a stop token or the limit. Plain
-decoding is the same round with nothing drafted. Greedy rounds run on the device in bursts
-(:mod:`eyas.engine.burst`); sampled rounds take their acceptance on the host. Speculation never changes the
-output's distribution: greedy output equals the target's greedy output token for token, sampled output
-follows the target's distribution.
+decoding is the same round with nothing drafted. Rounds, greedy or sampled, run on the device in bursts
+(:mod:`eyas.engine.burst`); a sampled generation's uniforms come from one generator on the device, seeded by the
+request (the same seed, device and engine: the same output). Speculation never changes the output's
+distribution: greedy output equals the target's greedy output token for token, sampled output follows the
+target's distribution.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eyas.engine.acceptance import Sampling, sample, target_probs
+from eyas.engine.acceptance import Sampling, draw, target_probs
 from eyas.engine.burst import Burst
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.modes import Speculation
@@ -84,30 +85,30 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
     """Generate after ``prompt`` [1, P]; with a drafter and a :class:`Speculation`, speculatively.
     ``on_tokens`` sees every batch of emitted tokens as it is decided (for streaming)."""
     sampling = sampling or Sampling()
-    generator = torch.Generator().manual_seed(sampling.seed)  # the host draws every uniform: one seed, one output
+    generator = torch.Generator(target.device).manual_seed(sampling.seed)  # every uniform: one seed, one output
     speculating = drafter is not None and speculation is not None
     if speculating:
         sampling.check_mode(speculation.mode)
     output = _Output(max_new_tokens, set(stop_ids), on_tokens, speculation.max_depth if speculating else 0)
     # 1. the prompt: the target's prefill, whose next token is the first emitted
     logits, aux = target.prefill(prompt)
-    token = int(logits.argmax()) if sampling.greedy else sample(target_probs(logits, sampling), generator)
+    if sampling.greedy:
+        token = int(logits.argmax())
+    else:
+        token = int(draw(target_probs(logits, sampling), torch.rand((), generator=generator, device=target.device)))
     if output.emit([token]):
         return output.generation
     # 2. the rounds, plain or speculative, until a stop token or the limit
     decoding_round, burst = round_for(target, drafter if speculating else None, speculation if speculating else None)
     decoding_round.begin(prompt, aux, token)
-    if sampling.greedy:
-        _greedy_rounds(burst, output)
-    else:
-        _sampled_rounds(decoding_round, output, sampling, generator)
+    _rounds(burst, output, sampling, generator)
     return output.generation
 
 
-def _greedy_rounds(burst: Burst, output: _Output) -> None:
+def _rounds(burst: Burst, output: _Output, sampling: Sampling, generator: torch.Generator) -> None:
     """Rounds in bursts on the device; the next burst is queued before the last one is read back (each round
     emits a token at least, so ``remaining − queued`` rounds can still be of use)."""
-    burst.start()
+    burst.start(sampling, generator)
     most_in_flight = 2 if burst.pipelined else 1
     while True:
         while burst.in_flight < most_in_flight and (more := burst.rounds_that_fit(
@@ -118,15 +119,6 @@ def _greedy_rounds(burst: Burst, output: _Output) -> None:
         for accepted, new in burst.collect():
             if output.round(accepted, new):
                 return
-
-
-def _sampled_rounds(decoding_round: Round, output: _Output, sampling: Sampling, generator: torch.Generator) -> None:
-    """Rounds one at a time, each accepting on the host with the seeded generator."""
-    while True:
-        if not decoding_round.rounds_that_fit(1):
-            raise decoding_round.no_room()
-        if output.round(*decoding_round.sampled(sampling, generator)):
-            return
 
 
 def round_for(target: TargetRunner, drafter: DraftRunner | None, speculation: Speculation | None) -> tuple[Round, Burst]:

@@ -6,15 +6,14 @@
   (:mod:`eyas.engine.block_runner`);
 - verify: the target runs the root and every proposal in one forward, each tree node seeing its ancestors;
 - accept: which proposals the target agrees with, and its own next token after them, the bonus
-  (:mod:`eyas.engine.acceptance`) — greedy on the device, or sampled on the host;
+  (:mod:`eyas.engine.acceptance`) — greedy, or sampled under the request's rule at uniforms drawn beforehand;
 - commit: the accepted path's cache entries move to the slots after the committed ones, and the round's
   outcome becomes the next round's inputs.
 
 A round emits accepted + 1 tokens; τ, the mean acceptance length (DESIGN "Conventions"), is their mean
 over rounds. Every number a round reads or writes lives on the device (:class:`RoundState`), so a greedy
-round is a function of no arguments, which a burst replays under a CUDA graph (:mod:`eyas.engine.burst`).
-A sampled round runs the same steps: draft and verify recorded as one graph, the acceptance on the host,
-then the commit recorded as another.
+round is a function of no arguments, and a sampled round one of its row of uniforms, which a burst replays
+under a CUDA graph (:mod:`eyas.engine.burst`).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from eyas.engine.acceptance import Sampling, block_verdict, chain_verdict, sample, target_probs, tree_verdict, walk_sampling
+from eyas.engine.acceptance import Sampling, block_sampled, chain_sampled, chain_verdict, draw, target_probs, tree_sampled, tree_verdict
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.drafting import ancestor_mask, draft_chain, draft_tree, draw_chain, proposal_depths
 from eyas.engine.graphs import InputBuffer
@@ -118,9 +117,6 @@ class Round:
         self.state = RoundState(self.width, device)
         self.aux: torch.Tensor | None = None  # the last verify's accepted aux states [1, width, k·Ht]
         self.steps = torch.arange(self.width, device=device)
-        self._verdict = InputBuffer((2 + self.width,), torch.long, device)  # a sampled round's, from the host
-        self._valid = 1  # the state's valid count, as the host knows it (sampled rounds)
-        self._draft: Draft | None = None  # a sampled round's draft, between its draft+verify and its commit
         if self.mode == "plain":
             self._one = torch.ones(1, 1, dtype=torch.long, device=device)
             self._none = torch.zeros(1, dtype=torch.long, device=device)
@@ -128,6 +124,8 @@ class Round:
         else:
             self.nodes, self.target_writes, self.drafter_writes = (speculation.nodes, speculation.target_writes,
                                                                    speculation.drafter_writes)
+        # a sampled round's uniforms: a chain's draws (drawn drafts), then a coin per node and the bonus's
+        self.uniforms_per_round = 2 * self.nodes + 1
         if self.mode == "chain":
             k = speculation.draft_length
             self._causal = torch.ones(k + 1, k + 1, dtype=torch.long, device=device).tril()
@@ -153,7 +151,6 @@ class Round:
             self.aux[:, :1].copy_(aux[:, length - 1 : length])
         drafted = 0 if self.drafter is None else self.drafter.length
         self.state.fill(length, drafted, token, [token], [length - 1])
-        self._valid = 1
 
     # ------------------------------------------------------------------ the steps
 
@@ -233,79 +230,56 @@ class Round:
         new, emitted = self.commit(draft, verdict)
         return new, verdict.accepted, emitted
 
-    # ------------------------------------------------------------------ sampled rounds, driven by the host
+    # ------------------------------------------------------------------ sampled rounds
 
-    def draft_and_verify(self) -> tuple[Draft, torch.Tensor]:
-        """The first two steps, recorded as one graph for sampled rounds; the draft is kept for the commit."""
-        self._draft = self.draft()
-        return self._draft, self.verify(self._draft)
+    def sampled(self, sampling: Sampling, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A whole sampled round at ``uniforms`` [uniforms_per_round], on the device as :meth:`greedy` is: draft (the
+        drafter's argmax or top-k, or a chain drawn from it) → verify → accept by ``sampling``'s rule → commit → the
+        same three tensors."""
+        if self.mode != "plain" and sampling.draft_sampling == "probabilistic":
+            k = self.speculation.draft_length
+            (draft, draft_probs), uniforms = self.draw(sampling, uniforms[:k]), uniforms[k:]
+        else:
+            draft, draft_probs = self.draft(), None
+        verdict = self.judge(draft, target_probs(self.verify(draft), sampling), draft_probs, sampling, uniforms)
+        new, emitted = self.commit(draft, verdict)
+        return new, verdict.accepted, emitted
 
-    def commit_verdict(self) -> None:
-        """The last step of a sampled round, recorded as another graph: the commit of the kept draft under the
-        verdict the host wrote."""
-        numbers = self._verdict.tensor
-        self.commit(self._draft, Verdict(numbers[0:1], numbers[1:2], numbers[2:]))
-
-    def draw(self, sampling: Sampling, generator: torch.Generator) -> tuple[Draft, torch.Tensor]:
+    def draw(self, sampling: Sampling, uniforms: torch.Tensor) -> tuple[Draft, torch.Tensor]:
         """A chain drawn from the drafter's own distribution (its logits under the request's temperature and top-p),
-        the host drawing each draft → (the draft, the distribution each draft was drawn from [k, V])."""
+        draft i at ``uniforms[i]`` → (the draft, the distribution each draft was drawn from [k, V])."""
         state, n, drafter, k = self.state, self.width, self.drafter, self.speculation.draft_length
+        uniforms = uniforms.to(drafter.device)
         if getattr(drafter, "blocks", False):  # a block drafter: every slot's distribution from one forward
             drafter.commit(self.aux, state.positions.view(1, n))
             rows = target_probs(drafter.slot_logits(state.root, state.target_length, k), sampling)
-            drafts = torch.tensor([sample(row, generator) for row in rows], device=rows.device)
+            drafts = draw(rows, uniforms)
         else:
             vocab = drafter.vocabulary()  # draft-vocabulary entry → target id
             size = self.target.layout.lm_head.weight.shape[0]
+            place = iter(range(k))
 
-            def draw(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            def pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 chances = target_probs(logits, sampling)
-                return vocab[sample(chances, generator)], chances.new_zeros(size).index_copy_(0, vocab, chances)
+                return vocab[draw(chances, uniforms[next(place)])], chances.new_zeros(size).index_copy_(0, vocab, chances)
 
             drafts, rows = draw_chain(drafter, self.aux, state.emitted.view(1, n), state.positions.view(1, n),
-                                      state.drafter_length, state.valid, k, draw)
+                                      state.drafter_length, state.valid, k, pick)
         device = self.target.device
         return Draft(torch.cat([state.root, drafts.to(device)]), state.target_length + self.steps), rows.to(device)
 
-    @torch.no_grad()
-    def sampled(self, sampling: Sampling, generator: torch.Generator) -> tuple[int, list[int]]:
-        """One sampled round → (drafts accepted, tokens emitted). Draft and verify replay one recording; the
-        host walks the acceptance rule with its seeded generator; the commit replays another recording, fed
-        the host's verdict. Drafts drawn from the drafter (``sampling.draft_sampling``) are drawn on the host
-        too, so that round runs its steps eagerly."""
-        graphs = self.target.graphs
-        drawn = sampling.draft_sampling == "probabilistic" and self.mode != "plain"
-        draft_probs = None
-        if drawn:
-            draft, draft_probs = self.draw(sampling, generator)
-            self._draft, logits = draft, self.verify(draft)
-        else:
-            self.ensure_recorded(("draft+verify", self.draft_and_verify), ("commit", self.commit_verdict))
-            draft, logits = graphs.run(self.key("draft+verify"), self.draft_and_verify)
-        probs = target_probs(logits, sampling)
+    def judge(self, draft: Draft, probs: torch.Tensor, draft_probs: torch.Tensor | None, sampling: Sampling,
+              uniforms: torch.Tensor) -> Verdict:
+        """The sampled verdict on the device, from the target's distributions at every node ``probs`` [n, V] and the
+        round's uniforms left after drawing (:mod:`eyas.engine.acceptance`)."""
         if self.mode == "plain":
-            path, bonus, tokens = [0], sample(probs[0], generator), []
-        elif sampling.verification == "block":  # a chain's drafts judged together
-            tokens = draft.tokens.tolist()
-            accepted, bonus = block_verdict(tokens[1:], probs, draft_probs, generator)
-            path = list(range(accepted + 1))
-        else:
-            n = len(draft.tokens)
-            parents = torch.arange(-1, n - 1) if draft.parents is None else draft.parents
-            tokens, parent_list = torch.cat([draft.tokens, parents.to(draft.tokens.device)]).view(2, n).tolist()
-            node_probs = None if draft_probs is None else torch.cat([draft_probs, draft_probs[-1:]])  # a leaf: any row
-            path, bonus = walk_sampling(tokens, parent_list, probs, generator, node_probs)
-        accepted = len(path) - 1
-        self._verdict.fill(torch.tensor([accepted, bonus, *path, *([0] * (self.width - len(path)))]))
-        if drawn:
-            self.commit_verdict()
-        else:
-            graphs.run(self.key("commit"), self.commit_verdict)
-        self.target.length += accepted + 1
-        if self.drafter is not None:
-            self.drafter.length += self._valid
-        self._valid = accepted + 1
-        return accepted, [tokens[node] for node in path[1:]] + [bonus]
+            return Verdict(self._none, draw(probs, uniforms[:1]))
+        n = len(draft.tokens)
+        if self.mode == "tree":
+            return Verdict(*tree_sampled(draft.tokens, draft.parents, draft.depths, probs, uniforms[:n],
+                                         self.speculation.depth))
+        rule = block_sampled if sampling.verification == "block" else chain_sampled
+        return Verdict(*rule(draft.tokens[1:], probs, draft_probs, uniforms[:n]))
 
     # ------------------------------------------------------------------ bookkeeping
 
