@@ -261,7 +261,9 @@ class Round:
 
             def pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 chances = target_probs(logits, sampling)
-                return vocab[draw(chances, uniforms[next(place)])], chances.new_zeros(size).index_copy_(0, vocab, chances)
+                # index_select, not vocab[token]: indexing by a 0-d tensor reads it on the host (no CUDA graph then)
+                token = vocab.index_select(0, draw(chances, uniforms[next(place)]).view(1))
+                return token, chances.new_zeros(size).index_copy_(0, vocab, chances)
 
             drafts, rows = draw_chain(drafter, self.aux, state.emitted.view(1, n), state.positions.view(1, n),
                                       state.drafter_length, state.valid, k, pick)
