@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from eyas.bench.server import acceptance_counters, parse_metrics
 from eyas.bench.serving import Level, Request, engine_rows
+from eyas.bench.vllm_engine import eyas_counterpart
 from eyas.cli import app
 from fake_servers import FakeServer
 from test_bench import setup  # noqa: F401 — the bench tests' tiny target, DATA_DIR and drafter
@@ -234,3 +235,33 @@ def test_a_dflash_drafter_runs_in_vllm_with_its_block_and_in_eyas_engine(setup, 
     refused = bench(setup, tmp_path / "other", "--draft", str(tmp_path / "dflash"), "--engine", "eyas", "--mode",
                     "tree:10,3,4")
     assert refused.exit_code == 2 and "DFlash block drafter (block 4)" in refused.output
+
+
+def test_each_sampling_rule_runs_in_both_engines_under_its_own_name(setup, fake_vllm, tmp_path):  # noqa: F811
+    """--draft-sampling / --verification lists: eyas' engine decodes every rule beside the same plain run, vLLM gets
+    each as its own draft_sample_method / rejection_sample_method, and the report pairs the rows of one rule."""
+    root, _, _ = setup
+    result = bench(setup, tmp_path / "report", "--draft", str(root / "draft"), "--engine", "eyas,vllm",
+                   "--mode", "chain:3,tree:8,3,3", "--concurrency", "1", "--temperature", "1",
+                   "--draft-sampling", "greedy,probabilistic", "--verification", "standard,block")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    rules = ["chain:3", "chain:3 block", "chain:3 drawn", "chain:3 drawn+block"]
+    # a tree keeps its top-k, verified token by token: the one rule it runs
+    assert [r["mode"] for r in report["rows"]] == [*rules, "tree:8,3,3"]
+    calls = [json.loads(line) for line in fake_vllm.read_text().splitlines()]
+    asked = [{k: v for k, v in (c["speculative_config"] or {}).items() if k.endswith("sample_method")} for c in calls]
+    assert asked == [{}, {}, {"draft_sample_method": "greedy", "rejection_sample_method": "block"},
+                     {"draft_sample_method": "probabilistic", "rejection_sample_method": "standard"},
+                     {"draft_sample_method": "probabilistic", "rejection_sample_method": "block"}]
+    compared = {c["mode"]: c for c in report["engines"]["comparison"]}
+    assert all(compared[rule]["eyas_mode"] == rule for rule in rules)
+    refused = bench(setup, tmp_path / "other", "--draft", str(root / "draft"), "--mode", "tree:8,3,3",
+                    "--temperature", "1", "--draft-sampling", "probabilistic")
+    assert refused.exit_code != 0 and "chain modes" in refused.output
+
+
+def test_dflash_blocks_in_vllm_are_compared_with_the_same_rule_in_eyas():
+    assert eyas_counterpart("dflash:15") == "chain:15"
+    assert eyas_counterpart("dflash:15 drawn+block") == "chain:15 drawn+block"
+    assert eyas_counterpart("chain:5 drawn") == "chain:5 drawn"

@@ -106,7 +106,8 @@ def test_sampled_block_speculation_follows_the_target():
     real = runner.propose
     runner.propose = lambda root, anchor, steps: (real(root, anchor, steps), torch.tensor([likely, 0, 0])[:steps])[1]
     assert_second_token_follows(
-        lambda seed: generate(target, prompt, 2, runner, CHAIN, Sampling(temperature=0.05, seed=seed)),
+        lambda seed: generate(target, prompt, 2, runner, CHAIN, Sampling(temperature=0.05, seed=seed,
+                                                                         draft_sampling="greedy")),
         first, second_probs, seeds=600, least=150)
 
 
@@ -135,7 +136,9 @@ def test_block_rounds_replayed_from_recordings_stay_lossless_across_prompts():
         assert generate(target, prompt, NEW_TOKENS, runner, CHAIN).tokens == expected, seed
         generate(target, prompt, 6, runner, CHAIN, Sampling(temperature=1.0, seed=seed))
     kinds = sorted(str(key[:2]) for key in target.graphs.recorded if isinstance(key, tuple))
-    assert kinds == sorted(str((step, "chain")) for step in ("burst", ("burst", Sampling(temperature=1.0).recorded)))
+    drawn = Sampling(temperature=1.0).resolved("chain")  # a chain's default sampled rule draws its drafts
+    assert drawn.draft_sampling == "probabilistic"
+    assert kinds == sorted(str((step, "chain")) for step in ("burst", ("burst", drawn.recorded)))
 
 
 @pytest.mark.parametrize("verification", ["standard", "block"])

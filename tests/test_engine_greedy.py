@@ -116,7 +116,7 @@ def test_recordings_are_per_round_kind_and_stay_correct_across_generations():
             assert sampled == generate(eager_target, prompt, 6, eager_drafter, speculation, sampling), (seed, speculation)
     kinds = sorted(str(key[:2]) for key in target.graphs.recorded if isinstance(key, tuple))
     assert kinds == sorted(str((step, mode)) for mode in ("plain", "chain", "tree")
-                           for step in ("burst", ("burst", Sampling(temperature=1.0).recorded)))
+                           for step in ("burst", ("burst", Sampling(temperature=1.0).resolved(mode).recorded)))
     assert sorted(key for key in target.graphs.recorded if isinstance(key, int)) == [16]  # 8, 9 and 13 share a bucket
 
 

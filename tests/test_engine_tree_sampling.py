@@ -203,7 +203,8 @@ def test_speculative_sampling_follows_the_target_end_to_end(mode, monkeypatch):
                          torch.tensor([-1, 0, 0]), depths)
     monkeypatch.setattr(Round, "draft", fixed)
     assert_second_token_follows(
-        lambda seed: generate(target, prompt, 2, drafter, speculation, Sampling(temperature=0.05, seed=seed)),
+        lambda seed: generate(target, prompt, 2, drafter, speculation, Sampling(temperature=0.05, seed=seed,
+                                                                                draft_sampling="greedy")),
         first, second_probs, seeds=800, least=200)
 
 
@@ -231,12 +232,19 @@ def test_drawn_drafts_through_the_engine_follow_the_target(verification, monkeyp
 
 
 def test_chain_only_rules_are_refused_for_trees_in_one_line():
+    """Asked for by name, drawn drafts and block verification are refused for trees; the default (auto) draws a chain's
+    drafts and keeps a tree's top-k; greedy decoding has no rule."""
     from eyas.errors import EyasError
+
+    auto = Sampling(temperature=1.0)
+    assert (auto.resolved("chain").draft_sampling, auto.resolved("tree").draft_sampling) == ("probabilistic", "greedy")
+    assert Sampling(draft_sampling="probabilistic", verification="block").resolved("chain").rule_label == ""
+    auto.check_mode("tree")
 
     model = ARCHITECTURES["llama"][0]()
     target, drafter = runners(model, capacity=64)
     for rule in ({"draft_sampling": "probabilistic"}, {"verification": "block"}):
         with pytest.raises(EyasError, match="chain modes"):
             generate(target, prompt_of(1, length=6), 4, drafter, TREE, Sampling(temperature=1.0, **rule))
-    with pytest.raises(EyasError, match="one of greedy, probabilistic"):
+    with pytest.raises(EyasError, match="one of auto, greedy, probabilistic"):
         Sampling(temperature=1.0, draft_sampling="sampled")

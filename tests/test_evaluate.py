@@ -39,3 +39,38 @@ def test_tau_at_the_answer_start_averages_only_the_first_answers_first_tokens(mo
     # every counted position (3 and 7 are not: their chains start outside answers)
     assert out["tau"] == pytest.approx(1 + (3 + 1 + 0 + 0 + 5 + 4) / 6)
     assert out["acceptance_cumulative"] == pytest.approx([4 / 6, 3 / 6, 3 / 6, 2 / 6, 1 / 6])
+
+
+def test_drawn_acceptance_is_what_the_engine_keeps_of_a_drawn_draft():
+    """α of a TTT step at a position = Σ min(p_T, q_T) over the draft vocabulary, read where the step predicts (one
+    place further per step) and 0 past the answer; and it is the rate at which the engine's rule (chain_sampled) keeps
+    a draft drawn from the drafter's q_T, mapped to target ids."""
+    from eyas.drafter.loss import target_signal
+    from eyas.engine.acceptance import chain_sampled, draw
+
+    gen = torch.Generator().manual_seed(3)
+    vocab, width, tokens, temperature = 7, 5, 6, 0.8
+    draft_ids = torch.tensor([0, 2, 3, 5])  # the target's tokens 1, 4 and 6 cannot be drafted
+    head, final = torch.randn(vocab, width, generator=gen), torch.randn(1, tokens, width, generator=gen) * 2
+    logits = torch.randn(1, tokens, len(draft_ids), generator=gen) * 2
+    mask = torch.tensor([[0, 1, 1, 1, 1, 0]])
+    signal = target_signal(final, head, draft_ids, temperatures=(temperature,))
+    full = torch.softmax(final[0] @ head.T / temperature, -1)  # the target's sampling distribution at each token
+    for step in (0, 1):
+        alpha = evaluate_module.drawn_acceptance(logits, signal.tempered[temperature], mask, step, temperature)[0]
+        for i in range(tokens):
+            q = torch.softmax(logits[0, i] / temperature, -1)
+            where = i + 1 + step  # the target's distribution the step's draft at i is judged against
+            inside = where + 1 < tokens and mask[0, where + 1] > 0
+            expected = torch.minimum(full[where, draft_ids], q).sum() if inside else torch.tensor(0.0)
+            assert alpha[i] == pytest.approx(float(expected), abs=1e-6), (step, i)
+    # the engine's rule keeps a drawn draft at that rate
+    p, q_draft = full[2], torch.softmax(logits[0, 1] / temperature, -1)
+    q = torch.zeros(vocab).index_copy_(0, draft_ids, q_draft)
+    runs, kept = 20000, 0
+    for _ in range(runs):
+        drafted = draft_ids[draw(q_draft, torch.rand((), generator=gen))].view(1)
+        accepted, _ = chain_sampled(drafted, torch.stack([p, p]), q.view(1, -1), torch.rand(2, generator=gen))
+        kept += int(accepted)
+    alpha = float(evaluate_module.drawn_acceptance(logits, signal.tempered[temperature], mask, 0, temperature)[0, 1])
+    assert kept / runs == pytest.approx(alpha, abs=0.015)

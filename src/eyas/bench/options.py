@@ -67,10 +67,11 @@ class BenchOptions(EngineOptions):
     vllm_python: str | None = vllm_python_option()
     vllm_args: list[str] = vllm_args_option("--engine vllm")
     _: KW_ONLY  # the two below override EngineOptions' (keyword-only there) with lists: keyword-only here too
-    draft_sampling: tuple[str, ...] = option(("greedy",), "with --temperature > 0, comma-separated, each a decoder of its "
+    draft_sampling: tuple[str, ...] = option(("auto",), "with --temperature > 0, comma-separated, each a decoder of its "
                                              "own beside the others: greedy = drafts are the drafter's argmax (a tree's "
                                              "top-k), probabilistic = a chain's drafts drawn from the drafter (rows "
-                                             "'drawn'); e.g. greedy,probabilistic measures both rules in one run",
+                                             "'drawn'), auto = drawn in chains, top-k in trees; e.g. "
+                                             "greedy,probabilistic measures both rules in one run",
                                              check=each(one_of(*DRAFT_SAMPLING)))
     verification: tuple[str, ...] = option(("standard",), "with --temperature > 0, comma-separated as --draft-sampling: "
                                            "standard = token by token, block = a chain's drafts judged together "

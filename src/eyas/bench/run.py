@@ -112,10 +112,6 @@ def timed(device: torch.device, call):
     return result, time.perf_counter() - start
 
 
-RULE_LABELS = {("greedy", "standard"): "", ("probabilistic", "standard"): " drawn", ("greedy", "block"): " block",
-               ("probabilistic", "block"): " drawn+block"}
-
-
 def decoders(modes: list[Speculation], samplings: list[Sampling]) -> list[tuple[str, Speculation, Sampling]]:
     """Each (label, mode, sampling) to decode: every mode under every rule it can run (a tree: its top-k verified
     token by token), labelled with the rule unless it is the default one. A mode that can run none of them: the
@@ -123,12 +119,12 @@ def decoders(modes: list[Speculation], samplings: list[Sampling]) -> list[tuple[
     chosen = []
     for mode in modes:
         runnable = []
-        for sampling in samplings:
+        for sampling in dict.fromkeys(s.resolved(mode.mode) for s in samplings):  # auto: what this mode runs
             try:
                 sampling.check_mode(mode.mode)
             except EyasError:
                 continue
-            runnable.append((mode.label() + RULE_LABELS[sampling.draft_sampling, sampling.verification], mode, sampling))
+            runnable.append((" ".join(filter(None, (mode.label(), sampling.rule_label))), mode, sampling))
         if not runnable:
             samplings[0].check_mode(mode.mode)  # raises: why this mode runs none of the rules
         chosen += runnable

@@ -137,7 +137,8 @@ def run_engines(options: BenchOptions, engines: tuple[str, ...], prompts, modes,
 
         measured = run_vllm(options.target, options.draft, prompts, modes, options.concurrency, options.max_new_tokens,
                             options.temperature, options.top_p, options.seed, stops, options.out / "vllm",
-                            options.vllm_python, parse_vllm_args(options.vllm_args, BENCH_RESERVED))
+                            options.vllm_python, parse_vllm_args(options.vllm_args, BENCH_RESERVED),
+                            options.samplings())
         result.engines += measured.levels
         result.engine_notes += measured.notes
         result.settings["vllm"] = measured.settings

@@ -16,6 +16,7 @@ from pathlib import Path
 from eyas.bench.serving import EngineResult, Level, Request
 from eyas.capture.vllm_client import _Worker, check_vllm_python, resolve_vllm_python
 from eyas.data.benchmarks import Prompt
+from eyas.engine.acceptance import Sampling
 from eyas.engine.modes import Speculation
 from eyas.errors import EyasError
 from eyas.export.dflash import dflash_block
@@ -27,40 +28,51 @@ REFUSED = 3  # the worker's exit status when vLLM refused a configuration (vllm_
 BENCH_RESERVED = ("model", "speculative_config", "max_num_seqs", "disable_log_stats")
 
 
-def vllm_configs(modes: list[Speculation], draft: Path | None) -> tuple[list[dict], list[str]]:
-    """The worker's configurations: plain, then one per chain mode (a DFlash drafter: its block, once); notes name
-    the modes vLLM does not run here."""
+def vllm_configs(modes: list[Speculation], draft: Path | None,
+                 samplings: list[Sampling] | None = None) -> tuple[list[dict], list[str]]:
+    """The worker's configurations: plain, then one per chain mode (a DFlash drafter: its block, once) and sampling
+    rule — eyas' rules are vLLM's ``draft_sample_method`` and ``rejection_sample_method``, named as eyas' rows (e.g.
+    ``chain:5 drawn``); notes name the modes vLLM does not run here."""
     configs: list[dict] = [{"name": "plain"}]
     notes = []
     block = dflash_block(draft)
     if block:  # one forward proposes block − 1 tokens: the drafter's shape fixes the round, --mode does not
-        configs.append({"name": f"dflash:{block - 1}", "draft": str(Path(draft).resolve()), "k": block - 1,
-                        "method": "dflash"})
+        chains = [(f"dflash:{block - 1}", block - 1, "dflash")]
         notes.append(f"a DFlash drafter (block {block}): vLLM's dflash method, {block - 1} proposals a round; --mode "
                      "applies to EAGLE-3 drafters")
-        return configs, notes
-    for mode in modes:
-        if mode.mode == "chain" and draft is not None:
-            configs.append({"name": mode.label(), "draft": str(Path(draft).resolve()), "k": mode.draft_length})
-        elif mode.mode != "chain":
-            notes.append(f"{mode.label()}: measured in eyas' engine only (eyas bench drives vLLM's EAGLE-3 with chains)")
+    else:
+        chains = [(mode.label(), mode.draft_length, "eagle3") for mode in modes if mode.mode == "chain" and draft]
+        notes += [f"{mode.label()}: measured in eyas' engine only (eyas bench drives vLLM's EAGLE-3 with chains)"
+                  for mode in modes if mode.mode != "chain"]
+    for name, k, method in chains:
+        for sampling in dict.fromkeys(s.resolved("chain") for s in samplings or [Sampling()]):
+            config = {"name": " ".join(filter(None, (name, sampling.rule_label))), "draft": str(Path(draft).resolve()),
+                      "k": k}
+            if method != "eagle3":
+                config["method"] = method
+            if sampling.draft_sampling != "greedy" or sampling.verification != "standard":
+                config.update(draft_sample_method=sampling.draft_sampling, rejection_sample_method=sampling.verification)
+            configs.append(config)
     return configs, notes
 
 
 def eyas_counterpart(engine_mode: str) -> str:
     """The eyas mode that decodes what an engine's configuration does, for comparing the two: vLLM's ``dflash:K`` (one
-    block forward's K proposals, verified as a chain) is eyas' ``chain:K``; every other mode has the same name."""
-    method, _, k = engine_mode.partition(":")
-    return f"chain:{k}" if method == "dflash" else engine_mode
+    block forward's K proposals, verified as a chain) is eyas' ``chain:K``, with the same rule; every other mode has
+    the same name."""
+    mode, _, rule = engine_mode.partition(" ")
+    method, _, k = mode.partition(":")
+    return " ".join(filter(None, (f"chain:{k}", rule))) if method == "dflash" else engine_mode
 
 
 def run_vllm(target: str, draft: Path | None, prompts: list[Prompt], modes: list[Speculation], concurrency: tuple[int, ...],
              max_new_tokens: int, temperature: float, top_p: float, seed: int, stop_ids: list[int], workdir: Path,
-             vllm_python: str | None = None, engine_args: dict | None = None) -> EngineResult:
+             vllm_python: str | None = None, engine_args: dict | None = None,
+             samplings: list[Sampling] | None = None) -> EngineResult:
     """Run every configuration in vLLM (one worker process each) and return its levels, in order."""
     python = resolve_vllm_python(vllm_python)
     check_vllm_python(python)
-    configs, notes = vllm_configs(modes, draft)
+    configs, notes = vllm_configs(modes, draft, samplings)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     request = {"model": resolve_target(target), "prompts": [p.input_ids for p in prompts],

@@ -125,6 +125,9 @@ def engine_arguments(request: dict, config: dict, rules) -> tuple[dict, list[str
     if config.get("draft"):
         settings["speculative_config"] = {"method": config.get("method", "eagle3"), "model": config["draft"],
                                           "num_speculative_tokens": config["k"]}
+        for rule in ("draft_sample_method", "rejection_sample_method"):  # eyas' sampling rules, as vLLM names them
+            if rule in config:
+                settings["speculative_config"][rule] = config[rule]
         # each request's verify steps by accepted drafts (vLLM 0.32+): τ per dataset from one pooled loop
         settings.setdefault("per_request_spec_decode_metrics", "summary")
     return settings, notes

@@ -10,7 +10,7 @@ predicts is an assistant token (loss mask) and the target's own top choice is in
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,16 +26,20 @@ class TargetSignal:
     probs: torch.Tensor  # float32 [B, T, Vd]
     argmax: torch.Tensor  # [B, T] draft ids
     in_draft: torch.Tensor  # [B, T] bool: the target's argmax over the full vocabulary is a draft token
+    # per temperature asked for: the target's sampling distribution softmax(logits / T) over the full vocabulary, read
+    # at the draft tokens [B, T, Vd] (what a drawn draft can match; it sums to less than 1 where mass lies outside)
+    tempered: dict = field(default_factory=dict)
 
 
 def target_signal(final: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor,
-                  chunk_tokens: int = 1024) -> TargetSignal:
-    """Teacher distributions from ``final`` [B, T, Ht] and the target lm_head weight [V, Ht]."""
+                  chunk_tokens: int = 1024, temperatures: tuple[float, ...] = ()) -> TargetSignal:
+    """Teacher distributions from ``final`` [B, T, Ht] and the target lm_head weight [V, Ht]; with ``temperatures``
+    (evaluation), the target's sampling distribution at each, read at the draft tokens."""
     batch, tokens, width = final.shape
     flat = final.reshape(-1, width).to(lm_head_weight.dtype)
     is_draft = torch.zeros(lm_head_weight.shape[0], dtype=torch.bool, device=final.device)
     is_draft[draft_ids] = True
-    probs, argmax, in_draft = [], [], []
+    probs, argmax, in_draft, tempered = [], [], [], {t: [] for t in temperatures}
     with torch.no_grad():
         for start in range(0, flat.shape[0], chunk_tokens):
             # Full-vocabulary logits in the model's dtype, one chunk of tokens at a time: their argmax says
@@ -45,10 +49,13 @@ def target_signal(final: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: 
             probs.append(torch.softmax(draft_logits, dim=-1))
             argmax.append(draft_logits.argmax(-1))
             in_draft.append(is_draft[logits.argmax(-1)])
+            for t, parts in tempered.items():
+                parts.append(torch.softmax(logits.float() / t, dim=-1)[:, draft_ids])
     return TargetSignal(
         probs=torch.cat(probs).view(batch, tokens, -1),
         argmax=torch.cat(argmax).view(batch, tokens),
         in_draft=torch.cat(in_draft).view(batch, tokens),
+        tempered={t: torch.cat(parts).view(batch, tokens, -1) for t, parts in tempered.items()},
     )
 
 

@@ -15,7 +15,7 @@ round is recorded and replayed in bursts as a greedy one is. Each rule's output 
   p(c); on rejection p(c) becomes 0 and p is renormalised for the next child; if every child is rejected the bonus
   comes from what is left of p. Child c given its earlier siblings' rejection is thus accepted with probability
   p(c) / (1 − Σ earlier siblings' p), which :func:`tree_sampled` evaluates for every node at once;
-- drafts drawn from the drafter's own distribution q (``draft_sampling="probabilistic"``, chains: its logits under
+- drafts drawn from the drafter's own distribution q (``draft_sampling="probabilistic"``, or "auto" in chains: its logits under
   the request's temperature and top-p, as the target's): draft x is accepted with probability min(1, p(x)/q(x)), and
   after a rejection the bonus comes from max(0, p − q) renormalised (:func:`chain_sampled`; a one-hot q is the rule
   above);
@@ -29,7 +29,7 @@ round is recorded and replayed in bursts as a greedy one is. Each rule's output 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -45,7 +45,7 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
-    draft_sampling: str = "greedy"
+    draft_sampling: str = "auto"
     verification: str = "standard"
 
     def __post_init__(self):
@@ -54,11 +54,21 @@ class Sampling:
         if self.verification not in VERIFICATION:
             raise EyasError(f"verification {self.verification!r}: one of {', '.join(VERIFICATION)}")
 
+    def resolved(self, mode: str) -> Sampling:
+        """The rule a ``mode`` ("plain", "chain", "tree") runs: ``draft_sampling="auto"`` draws a chain's drafts from
+        the drafter and keeps a tree's top-k (drawn chains accepted more at T = 1 and 0.7 on every dataset measured:
+        BENCHMARKS.md, "Sampling"); plain decoding drafts nothing."""
+        if self.greedy:  # no rule: the argmax everywhere
+            return replace(self, draft_sampling="greedy", verification="standard")
+        if self.draft_sampling != "auto":
+            return self
+        return replace(self, draft_sampling="probabilistic" if mode == "chain" else "greedy")
+
     def check_mode(self, mode: str) -> None:
         """Refuse a rule a decoding mode cannot run: drawn drafts and block verification are chain rules."""
         if self.greedy or mode != "tree":
             return
-        if self.draft_sampling != "greedy":
+        if self.draft_sampling == "probabilistic":
             raise EyasError("--draft-sampling probabilistic runs with chain modes: a dynamic tree keeps its drafter's "
                             "top-k children, which were not drawn (pick chain:K, or --draft-sampling greedy)")
         if self.verification != "standard":
@@ -68,6 +78,14 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def rule_label(self) -> str:
+        """How reports name the rule beside a mode: "" (the drafter's argmax or top-k, token by token), "drawn"
+        (drafts drawn from the drafter), "block" (block verification) or "drawn+block"."""
+        parts = [name for name, on in (("drawn", self.draft_sampling == "probabilistic"),
+                                       ("block", self.verification == "block")) if on]
+        return "+".join(parts)
 
     @property
     def recorded(self) -> tuple:

@@ -66,7 +66,7 @@ class Burst:
     def start(self, sampling: Sampling | None = None, generator: torch.Generator | None = None) -> None:
         """Forget bursts of an earlier generation; decode its rounds under ``sampling`` (default greedy), a sampled
         round's uniforms from ``generator`` (on the round's device); record the round on first use."""
-        self.sampling, self.generator = sampling or Sampling(), generator
+        self.sampling, self.generator = (sampling or Sampling()).resolved(self.round.mode), generator
         if not self.sampling.greedy and generator is None:
             raise ValueError("sampled rounds need a generator for their uniforms")
         self.round.ensure_recorded((self._name(), self._replay))

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from eyas.errors import EyasError
 
 # how a sampled round treats its drafts (eyas.engine.acceptance has the rules): drafts the drafter's argmax (top-k in
-# trees) or drawn from its distribution; verified token by token, or a chain's drafts judged together
-DRAFT_SAMPLING = ("greedy", "probabilistic")
+# trees) or drawn from its distribution (auto: drawn in chains, top-k in trees); verified token by token, or a chain's
+# drafts judged together
+DRAFT_SAMPLING = ("auto", "greedy", "probabilistic")
 VERIFICATION = ("standard", "block")
 DRAFTER_SPARE = 16  # the drafter's cache beyond the target's, at least: max depth + 1 of any mode up to depth 15
 

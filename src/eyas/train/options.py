@@ -56,6 +56,10 @@ class TrainOptions(Options):
                             check=one_of("auto", "concat", "split", "scores"))
     checkpoint_every: int = option(500, "optimizer steps between checkpoints (and holdout evaluations)", check=at_least(1))
     eval_batches: int | None = option(50, "holdout batches per evaluation (all if not given)", check=at_least(1))
+    eval_temperatures: tuple[float, ...] = option((1.0,), "EAGLE-3: each holdout evaluation also simulates τ at these "
+                                                  "sampling temperatures, comma-separated, for chains whose drafts are "
+                                                  "drawn from the drafter (eyas generate/bench at --temperature T)",
+                                                  check=each(above(0)))
     keep: int = option(3, "checkpoints kept (the oldest are deleted)", check=at_least(1))
     seed: int = option(0, "seed of the drafter's initialisation and the batch order", check=SEED)
     fsdp: bool = option(False, "under torchrun: shard the drafter over ranks with FSDP2 (for drafters of very large targets)")

@@ -107,7 +107,8 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
     def evaluation() -> dict:
         if blocks:
             return evaluate_blocks(drafter, holdout, head, setup["embed"], options, options.eval_batches, autocast)
-        return evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches, autocast)
+        return evaluate(drafter, holdout, head, draft_ids, options.ttt_steps, weights, options.eval_batches, autocast,
+                        options.eval_temperatures)
 
     report = TrainReport()
     step, epoch, index = 0, 0, 0
@@ -418,6 +419,8 @@ class _Metrics:
         for key in ("loss", "tau", "tau_answer_start"):
             if key in record.get("eval", {}):
                 self.board.add_scalar(f"eval/{key}", record["eval"][key], step)
+        for temperature, tau in record.get("eval", {}).get("tau_at_temperature", {}).items():
+            self.board.add_scalar(f"eval/tau_T{temperature}", tau, step)
 
     def close(self) -> None:
         self.file.close()
