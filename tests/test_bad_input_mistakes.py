@@ -273,7 +273,8 @@ def test_every_numeric_option_has_a_range(cls):
 def _bench(tiny, out: Path, mode: str) -> list[str]:
     root, target = tiny
     return ["bench", "--target", target, "--draft", str(root / "draft"), "--out", str(out), "--dataset", "sharegpt-holdout",
-            "--data", str(root / "data"), "--mode", mode, "--prompts", "1", "--max-new-tokens", "8", "--device", "cpu"]
+            "--data", str(root / "data"), "--mode", mode, "--prompts", "1", "--max-new-tokens", "8", "--device", "cpu",
+            "--temperature", "0"]
 
 
 @pytest.mark.parametrize("mode, named", [

@@ -130,7 +130,7 @@ def test_a_template_file_renders_prepare_bench_and_generate_for_a_base_model(bas
     report = tmp_path / "report"
     benched = runner.invoke(app, ["bench", "--target", target, "--draft", str(root / "draft"), "--out", str(report),
                                   "--dataset", "mt-bench", "--prompts", "1", "--mode", "chain:2", "--max-new-tokens", "4",
-                                  "--device", "cpu", *template])
+                                  "--device", "cpu", "--temperature", "0", *template])
     assert benched.exit_code == 0, benched.output
     assert [row["prompts"] for row in json.loads((report / "report.json").read_text())["rows"]] == [1]
 

@@ -112,7 +112,7 @@ def test_a_vllm_server_against_its_plain_twin_and_eyas(setup, tmp_path):  # noqa
     with FakeServer("vllm", target) as speculative, FakeServer("vllm", target, speculative=False) as plain:
         result = bench(setup, tmp_path / "report", "--draft", str(root / "draft"), "--engine", "eyas", "--mode",
                        "chain:3", "--server", speculative.url + "/v1/", "--server-plain", plain.url,
-                       "--concurrency", "1,4")
+                       "--concurrency", "1,4", "--temperature", "0")
         assert result.exit_code == 0, result.output
         report = json.loads((tmp_path / "report" / "report.json").read_text())
         rows = {(r["mode"], r["concurrency"]): r for r in report["engines"]["rows"]}

@@ -104,6 +104,7 @@ modes = "chain:2"
 prompts = 1
 max_new_tokens = 4
 device = "cpu"
+temperature = [0.0]
 ''')
     runner = CliRunner()
     first = runner.invoke(app, ["run", str(config)])

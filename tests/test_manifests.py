@@ -60,7 +60,8 @@ def train_into(target: str, features: Path, out: Path) -> Path:
 
 def bench_args(target: str, draft: Path, data: Path, out: Path) -> list[str]:
     return ["bench", "--target", target, "--draft", str(draft), "--out", str(out), "--dataset", "sharegpt-holdout",
-            "--data", str(data), "--mode", "chain:2", "--prompts", "1", "--max-new-tokens", "4", "--device", "cpu"]
+            "--data", str(data), "--mode", "chain:2", "--prompts", "1", "--max-new-tokens", "4", "--device", "cpu",
+            "--temperature", "0"]
 
 
 @pytest.fixture(scope="module")

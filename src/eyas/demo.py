@@ -41,7 +41,7 @@ DEMO = {
     "train": {"online": True, "max_steps": 50, "ttt_steps": 3, "token_budget": 2048, "checkpoint_every": 50,  # ~10 s a step
               "eval_batches": 4, "lr": 1e-3, "warmup_ratio": 0.05},
     "bench": {"datasets": ["mt-bench", "humaneval", "sharegpt-holdout"], "modes": "chain:3,tree:16,4,4", "prompts": 3,
-              "max_new_tokens": 64, "device": "cpu", "temperature": 0.0},
+              "max_new_tokens": 64, "device": "cpu", "temperature": [0.0]},
 }
 # --quick: every stage at smoke-test size, as --set overrides of DEMO
 QUICK = ("prepare.limit=60", "prepare.draft_vocab_size=2048", "train.max_steps=3", "train.checkpoint_every=3",

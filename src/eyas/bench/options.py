@@ -66,7 +66,11 @@ class BenchOptions(EngineOptions):
                                       "GET /v1/models lists)")
     vllm_python: str | None = vllm_python_option()
     vllm_args: list[str] = vllm_args_option("--engine vllm")
-    _: KW_ONLY  # the two below override EngineOptions' (keyword-only there) with lists: keyword-only here too
+    _: KW_ONLY  # the three below override EngineOptions' (keyword-only there) with lists: keyword-only here too
+    temperature: tuple[float, ...] = option((0.0, 1.0), "sampling temperatures, comma-separated: every mode runs at "
+                                            "each beside that temperature's plain run (default: T = 0 and T = 1 side "
+                                            "by side); 0 = greedy (outputs also compared with plain decoding). "
+                                            "--engine vllm and --server measure the first", check=each(at_least(0)))
     draft_sampling: tuple[str, ...] = option(("auto",), "with --temperature > 0, comma-separated, each a decoder of its "
                                              "own beside the others: greedy = drafts are the drafter's argmax (a tree's "
                                              "top-k), probabilistic = a chain's drafts drawn from the drafter (rows "
@@ -79,17 +83,18 @@ class BenchOptions(EngineOptions):
     force: bool = force_option()
 
     def samplings(self) -> list:
-        """Each sampling rule to decode with (:class:`eyas.engine.acceptance.Sampling`): every --draft-sampling with
-        every --verification; greedy decoding (--temperature 0) has one rule."""
+        """Each sampling rule to decode with (:class:`eyas.engine.acceptance.Sampling`), temperature by temperature:
+        every --draft-sampling with every --verification; greedy decoding (T = 0) has one rule."""
         from eyas.engine.acceptance import Sampling
 
-        if self.temperature <= 0:
-            return [Sampling(self.temperature, self.top_p, self.seed)]
-        return [Sampling(self.temperature, self.top_p, self.seed, drafts, verification)
-                for drafts in self.draft_sampling for verification in self.verification]
+        return [Sampling(temperature, self.top_p, self.seed) if temperature <= 0 else
+                Sampling(temperature, self.top_p, self.seed, drafts, verification)
+                for temperature in dict.fromkeys(self.temperature)
+                for drafts in (self.draft_sampling if temperature > 0 else ("auto",))
+                for verification in (self.verification if temperature > 0 else ("standard",))]
 
     def sampling(self):
-        """The first of :meth:`samplings` (the bench's engines and servers decode with its temperature and top-p)."""
+        """The first of :meth:`samplings`: the engines' and servers' temperature (they measure one)."""
         return self.samplings()[0]
 
     def chosen_engines(self) -> tuple[str, ...]:

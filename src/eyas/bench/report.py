@@ -25,11 +25,15 @@ def rows(result: BenchResult) -> list[dict]:
     """
     out = []
     for dataset, results in result.datasets.items():
-        plain = results[0]
-        for mode in results[1:]:
+        plains = {r.temperature: r for r in results if r.mode == "plain"}  # each temperature's baseline
+        for mode in results:
+            if mode.mode == "plain":
+                continue
+            plain = plains[mode.temperature]
             each = [spec / base for spec, base in zip(mode.prompt_rates, plain.prompt_rates, strict=True) if base]
             out.append({
-                "dataset": dataset, "mode": mode.mode, "prompts": mode.prompts, "tau": mode.tau,
+                "dataset": dataset, "mode": mode.mode, "temperature": mode.temperature, "prompts": mode.prompts,
+                "tau": mode.tau,
                 "tokens_per_second": mode.tokens_per_second, "plain_tokens_per_second": plain.tokens_per_second,
                 "speedup": mode.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else 0.0,
                 "speedup_range": [min(each), max(each)] if each else None,
@@ -53,15 +57,16 @@ def markdown(result: BenchResult, header: dict) -> str:
     if result.partial:
         lines += [f"**Partial report**: {result.partial}; the figures cover those prompts only.", ""]
     lines += [f"- {k}: {v}" for k, v in {**header, **result.settings}.items()]
-    lines += ["", "| dataset | mode | prompts | τ | tok/s spec | tok/s plain | speedup | greedy == plain |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| dataset | T | mode | prompts | τ | tok/s spec | tok/s plain | speedup | greedy == plain |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows(result):
         same = "—" if r["matches_plain"] is None else f"{r['matches_plain']}/{r['prompts']}"
-        lines.append(f"| {r['dataset']} | {r['mode']} | {r['prompts']} | {r['tau']:.3f} | {r['tokens_per_second']:.1f} | "
-                     f"{r['plain_tokens_per_second']:.1f} | {speedup_text(r)} | {same} |")
+        lines.append(f"| {r['dataset']} | {r['temperature']:g} | {r['mode']} | {r['prompts']} | {r['tau']:.3f} | "
+                     f"{r['tokens_per_second']:.1f} | {r['plain_tokens_per_second']:.1f} | {speedup_text(r)} | {same} |")
     lines += ["", "Acceptance per position (share of rounds whose accepted path reached depth i+1):", ""]
     for r in rows(result):
-        lines.append(f"- {r['dataset']} {r['mode']}: " + " ".join(f"{x:.3f}" for x in r["accepted_per_position"]))
+        lines.append(f"- {r['dataset']} T = {r['temperature']:g} {r['mode']}: "
+                     + " ".join(f"{x:.3f}" for x in r["accepted_per_position"]))
     lines += engine_markdown(result)
     return "\n".join(lines) + "\n"
 
@@ -71,7 +76,9 @@ def comparison(result: BenchResult) -> list[dict]:
     their ratio at concurrency 1 and, where both returned output ids, how many answers are equal token for token.
     Greedy answers in float32 on both sides must be equal; in bf16 near-ties may flip."""
     rows = []
-    eyas_modes = {(dataset, m.mode): m for dataset, results in result.datasets.items() for m in results}
+    engine_temperature = result.settings.get("engine_temperature", 0.0)  # the engines' one temperature
+    eyas_modes = {(dataset, m.mode): m for dataset, results in result.datasets.items() for m in results
+                  if m.temperature == engine_temperature}
     for level in result.engines:
         if level.concurrency != 1:
             continue
@@ -159,8 +166,9 @@ def plot_speedup(result: BenchResult, path: Path) -> None:
         if r["speedup"] is not None:
             lines.setdefault((r["engine"], r["mode"]), []).append((r["concurrency"], r["speedup"]))
     pooled: dict[str, list[float]] = {}  # eyas' engine, one request at a time: pooled over datasets, a point at 1
+    engine_temperature = result.settings.get("engine_temperature", 0.0)
     for results in result.datasets.values():
-        for mode in results:
+        for mode in (m for m in results if m.temperature == engine_temperature):
             totals = pooled.setdefault(mode.mode, [0.0, 0.0])
             totals[0] += mode.new_tokens
             totals[1] += mode.seconds
@@ -180,7 +188,8 @@ def plot_speedup(result: BenchResult, path: Path) -> None:
 
 
 def plot_acceptance(result: BenchResult, path: Path) -> None:
-    curves = [(f"{r['dataset']} {r['mode']} (τ {r['tau']:.2f})", r["accepted_per_position"]) for r in rows(result)]
+    curves = [(f"{r['dataset']} T = {r['temperature']:g} {r['mode']} (τ {r['tau']:.2f})", r["accepted_per_position"])
+              for r in rows(result)]
     lowest = min((r["concurrency"] for r in engine_rows(result.engines)), default=None)
     curves += [(f"{r['engine']} {r['mode']}, concurrency {r['concurrency']} (τ {r['tau']:.2f})", r["accepted_per_position"])
                for r in engine_rows(result.engines) if r["accepted_per_position"] and r["concurrency"] == lowest]

@@ -1,6 +1,7 @@
 """``eyas bench``: τ, acceptance per position and tokens/s, speculative vs plain, in one run.
 
-Every prompt is decoded by the engine without speculation (the baseline) and then with each mode,
+Every prompt is decoded by the engine without speculation (the baseline) and then with each mode, at each
+temperature (by default T = 0 and T = 1 side by side, each mode beside its own temperature's baseline),
 on the same target runner, one after another, so the ratio compares like with like; with
 ``repeats`` > 1 the decoders take turns that many times and each prompt's median time counts. A
 speedup comes with its spread over prompts: on a shared machine one figure alone can mislead. Rounds are
@@ -37,6 +38,7 @@ class ModeResult:
     """One dataset under one decoding mode ("plain" is the baseline)."""
 
     mode: str
+    temperature: float = 0.0
     prompts: int = 0
     new_tokens: int = 0
     seconds: float = 0.0
@@ -112,52 +114,58 @@ def timed(device: torch.device, call):
     return result, time.perf_counter() - start
 
 
-def decoders(modes: list[Speculation], samplings: list[Sampling]) -> list[tuple[str, Speculation, Sampling]]:
-    """Each (label, mode, sampling) to decode: every mode under every rule it can run (a tree: its top-k verified
+def decoders(modes: list[Speculation], samplings: list[Sampling]) -> list[tuple[str, Speculation | None, Sampling]]:
+    """Each (label, mode, sampling) to decode, temperature by temperature (in the order of ``samplings``): the plain
+    run (mode None), then every mode under every rule it can run at that temperature (a tree: its top-k verified
     token by token), labelled with the rule unless it is the default one. A mode that can run none of them: the
     error that says why."""
-    chosen = []
-    for mode in modes:
-        runnable = []
-        for sampling in dict.fromkeys(s.resolved(mode.mode) for s in samplings):  # auto: what this mode runs
-            try:
-                sampling.check_mode(mode.mode)
-            except EyasError:
-                continue
-            runnable.append((" ".join(filter(None, (mode.label(), sampling.rule_label))), mode, sampling))
-        if not runnable:
-            samplings[0].check_mode(mode.mode)  # raises: why this mode runs none of the rules
-        chosen += runnable
+    chosen: list[tuple[str, Speculation | None, Sampling]] = []
+    for temperature in dict.fromkeys(s.temperature for s in samplings):
+        at = [s for s in samplings if s.temperature == temperature]
+        chosen.append(("plain", None, at[0].resolved("plain")))
+        for mode in modes:
+            runnable = []
+            for sampling in dict.fromkeys(s.resolved(mode.mode) for s in at):  # auto: what this mode runs
+                try:
+                    sampling.check_mode(mode.mode)
+                except EyasError:
+                    continue
+                runnable.append((" ".join(filter(None, (mode.label(), sampling.rule_label))), mode, sampling))
+            if not runnable:
+                at[0].check_mode(mode.mode)  # raises: why this mode runs none of the rules
+            chosen += runnable
     return chosen
 
 
 def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt], modes: list[Speculation],
               samplings: list[Sampling] | Sampling, max_new_tokens: int, stop_ids: set[int], progress=None,
               repeats: int = 1) -> BenchResult:
-    """Decode every prompt plainly and in every mode under every rule of ``samplings`` (:func:`decoders`; one
-    temperature, top-p and seed), ``repeats`` turns each, median time; pool per dataset."""
+    """Decode every prompt plainly and in every mode under every rule of ``samplings`` (:func:`decoders`: at each of
+    their temperatures, beside that temperature's plain run; one top-p and seed), ``repeats`` turns each, median time;
+    pool per dataset."""
     samplings = [samplings] if isinstance(samplings, Sampling) else samplings
-    sampling, device = samplings[0], target.device
+    device = target.device
     chosen = decoders(modes, samplings)
+    plain_at = {rule.temperature: i for i, (_, mode, rule) in enumerate(chosen) if mode is None}
     datasets: dict[str, list[ModeResult]] = {}
     # warm-up: allocator, kernels and lazy initialisation must not land in the first timed prompt
     if prompts:
         warm = torch.tensor([prompts[0].input_ids])
-        generate(target, warm, 4, sampling=sampling)
         for _, mode, rule in chosen:
-            generate(target, warm, 4, drafter, mode, rule)
+            generate(target, warm, 4, drafter if mode else None, mode, rule)
     done, partial, stopped_by = 0, None, signal.SIGINT
     try:
         with terminate_as_interrupt():
             for prompt in prompts:
-                outputs, times = _decode_in_turns(target, drafter, prompt, chosen, sampling, max_new_tokens, stop_ids,
-                                                  repeats)
+                outputs, times = _decode_in_turns(target, drafter, prompt, chosen, max_new_tokens, stop_ids, repeats)
                 # a prompt counts once every decoder has decoded it: one interrupted midway is left out whole
-                results = datasets.setdefault(prompt.dataset, [ModeResult("plain"), *(ModeResult(c[0]) for c in chosen)])
-                plain = outputs[0]  # the last turn's outputs: greedy ones are the same every turn, sampled ones share the seed
-                for result, output, seconds in zip(results, outputs, times, strict=True):
+                results = datasets.setdefault(prompt.dataset, [ModeResult(label, rule.temperature)
+                                                               for label, _, rule in chosen])
+                # the last turn's outputs: greedy ones are the same every turn, sampled ones share the seed
+                for (_, mode, rule), result, output, seconds in zip(chosen, results, outputs, times, strict=True):
                     _add(result, output, statistics.median(seconds))
-                    if result is not results[0] and sampling.greedy:
+                    if mode is not None and rule.greedy:  # greedy: the same answer as plain decoding, token for token
+                        plain = outputs[plain_at[rule.temperature]]
                         result.matches_plain = (result.matches_plain or 0) + (output.tokens == plain.tokens)
                 done += 1
                 if progress is not None:
@@ -169,24 +177,28 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
         how = "SIGTERM" if stopped_by == signal.SIGTERM else "Ctrl-C"
         partial = f"interrupted ({how}) after {done} of {len(prompts)} prompts"
     for results in datasets.values():
-        for result in results[1:]:
+        for result in results:
             result.accepted_per_position = [x / max(1, result.rounds) for x in result.accepted_per_position]
-    settings = {"modes": [m.label() for m in modes], "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "max_new_tokens": max_new_tokens, "device": str(device), "repeats": repeats}
-    if not sampling.greedy:  # which rules the sampled rounds ran
-        settings["rules"] = [f"{s.draft_sampling} drafts, {s.verification} verification" for s in samplings]
+    temperatures = list(plain_at)
+    settings = {"modes": [m.label() for m in modes],
+                "temperature": temperatures[0] if len(temperatures) == 1 else temperatures,
+                "top_p": samplings[0].top_p, "max_new_tokens": max_new_tokens, "device": str(device), "repeats": repeats}
+    sampled = [s for s in samplings if not s.greedy]
+    if sampled:  # which rules the sampled rounds ran
+        settings["rules"] = list(dict.fromkeys(f"{s.draft_sampling} drafts, {s.verification} verification"
+                                               for s in sampled))
     return BenchResult(datasets=datasets, settings=settings, partial=partial, stopped_by=stopped_by)
 
 
 def _decode_in_turns(target: TargetRunner, drafter: DraftRunner, prompt: Prompt,
-                     chosen: list[tuple[str, Speculation, Sampling]], sampling: Sampling, max_new_tokens: int,
-                     stop_ids: set[int], repeats: int):
-    """One prompt decoded plainly and by every decoder, ``repeats`` turns: (the last turn's outputs, each decoder's
-    times)."""
+                     chosen: list[tuple[str, Speculation | None, Sampling]], max_new_tokens: int, stop_ids: set[int],
+                     repeats: int):
+    """One prompt decoded by every decoder (plain ones: mode None), ``repeats`` turns: (the last turn's outputs, each
+    decoder's times)."""
     ids = torch.tensor([prompt.input_ids])
-    calls = [lambda: generate(target, ids, max_new_tokens, sampling=sampling, stop_ids=stop_ids)]
-    calls += [lambda mode=mode, rule=rule: generate(target, ids, max_new_tokens, drafter, mode, rule, stop_ids)
-              for _, mode, rule in chosen]
+    calls = [lambda mode=mode, rule=rule: generate(target, ids, max_new_tokens, drafter if mode else None, mode, rule,
+                                                   stop_ids)
+             for _, mode, rule in chosen]
     times: list[list[float]] = [[] for _ in calls]
     for _ in range(repeats):  # the decoders take turns, so a slow spell of the machine hits each of them
         outputs = []

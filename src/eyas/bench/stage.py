@@ -68,7 +68,7 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
                                repeats=options.repeats)
         result.settings["dtype"] = str(target.model.dtype).removeprefix("torch.")
     else:
-        result = BenchResult(datasets={}, settings={"modes": [m.label() for m in modes], "temperature": options.temperature,
+        result = BenchResult(datasets={}, settings={"modes": [m.label() for m in modes], "temperature": options.sampling().temperature,
                                                     "top_p": options.top_p, "max_new_tokens": options.max_new_tokens})
     if result.partial is None:  # an interrupted eyas run reports what it measured; the engines are not started
         run_engines(options, engines, chosen, modes, sorted(stops), result)
@@ -132,13 +132,15 @@ def run_engines(options: BenchOptions, engines: tuple[str, ...], prompts, modes,
     from eyas.bench.vllm_engine import BENCH_RESERVED
     from eyas.capture.vllm_client import parse_vllm_args
 
+    if "vllm" in engines or options.server:  # the engines measure one temperature: the first
+        result.settings["engine_temperature"] = options.sampling().temperature
     if "vllm" in engines:
         from eyas.bench.vllm_engine import run_vllm
 
         measured = run_vllm(options.target, options.draft, prompts, modes, options.concurrency, options.max_new_tokens,
-                            options.temperature, options.top_p, options.seed, stops, options.out / "vllm",
+                            options.sampling().temperature, options.top_p, options.seed, stops, options.out / "vllm",
                             options.vllm_python, parse_vllm_args(options.vllm_args, BENCH_RESERVED),
-                            options.samplings())
+                            [s for s in options.samplings() if s.temperature == options.sampling().temperature])
         result.engines += measured.levels
         result.engine_notes += measured.notes
         result.settings["vllm"] = measured.settings
@@ -150,6 +152,6 @@ def run_engines(options: BenchOptions, engines: tuple[str, ...], prompts, modes,
         for mode, server in measured_servers:
             for concurrency in options.concurrency:
                 result.engines.append(servers.run_level(server, model, mode, prompts, concurrency,
-                                                        options.max_new_tokens, options.temperature, options.top_p,
+                                                        options.max_new_tokens, options.sampling().temperature, options.top_p,
                                                         options.seed, stops))
         result.settings["server_model"] = model
