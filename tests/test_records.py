@@ -195,6 +195,9 @@ def test_the_model_card_gives_the_true_totals_and_serve_commands_that_run_as_wri
     assert f"| steps / tokens | 4 / {report['tokens']} |" in card
     before = report["initial_eval"]
     assert f"(before training: {before['tau']:.2f})" in card and "pypi.org" not in card
+    final = report["final_eval"]  # and the simulated τ of drawn chains at the evaluation's temperature (default 1)
+    assert (f"| simulated τ sampling at T = 1 (drafts drawn from the drafter) | {final['tau_at_temperature']['1']:.2f} "
+            f"(before: {before['tau_at_temperature']['1']:.2f}) |") in card
     vllm, sglang = commands(card)
     assert vllm[:2] == ["vllm", "serve"] and Path(vllm[2]).is_absolute() and (Path(vllm[2]) / "config.json").is_file()
     assert Path(vllm[2]) == Path(target).resolve()

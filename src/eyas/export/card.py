@@ -55,7 +55,7 @@ Trained with eyas (training-time test, {train_options.get('ttt_steps', '?')} ste
 | holdout acceptance (cumulative, per draft position) | {_acceptance(final)} (before training: {_acceptance(first)}) |
 | simulated τ (greedy chain) | {_tau(final, 'tau')} (before training: {_tau(first, 'tau')}) |
 | simulated τ over the first 128 tokens of first answers | {_tau(final, 'tau_answer_start')} (before: {_tau(first, 'tau_answer_start')}) |
-
+{_tau_at_temperatures(first, final)}
 ## Serve it
 
 The paths are where `eyas export` found the target and wrote this drafter; change them if either moves.{note}
@@ -78,6 +78,15 @@ python -m sglang.launch_server --model-path {shlex.quote(engine_target)}{remote}
 
 def _acceptance(evaluation: dict) -> str:
     return ", ".join(f"{a:.3f}" for a in evaluation.get("acceptance_cumulative", [])) or "not evaluated"
+
+
+def _tau_at_temperatures(first: dict, final: dict) -> str:
+    """A row per sampling temperature the evaluation simulated: τ of chains drawn from the drafter at T."""
+    before, rows = first.get("tau_at_temperature", {}), []
+    for t, tau in final.get("tau_at_temperature", {}).items():
+        was = f" (before: {before[t]:.2f})" if t in before else ""
+        rows.append(f"| simulated τ sampling at T = {t} (drafts drawn from the drafter) | {tau:.2f}{was} |\n")
+    return "".join(rows)
 
 
 def _tau(evaluation: dict, key: str) -> str:
