@@ -138,12 +138,11 @@ def decoders(modes: list[Speculation], samplings: list[Sampling]) -> list[tuple[
 
 
 def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt], modes: list[Speculation],
-              samplings: list[Sampling] | Sampling, max_new_tokens: int, stop_ids: set[int], progress=None,
+              samplings: list[Sampling], max_new_tokens: int, stop_ids: set[int], progress=None,
               repeats: int = 1) -> BenchResult:
     """Decode every prompt plainly and in every mode under every rule of ``samplings`` (:func:`decoders`: at each of
     their temperatures, beside that temperature's plain run; one top-p and seed), ``repeats`` turns each, median time;
     pool per dataset."""
-    samplings = [samplings] if isinstance(samplings, Sampling) else samplings
     device = target.device
     chosen = decoders(modes, samplings)
     plain_at = {rule.temperature: i for i, (_, mode, rule) in enumerate(chosen) if mode is None}

@@ -132,15 +132,16 @@ def run_engines(options: BenchOptions, engines: tuple[str, ...], prompts, modes,
     from eyas.bench.vllm_engine import BENCH_RESERVED
     from eyas.capture.vllm_client import parse_vllm_args
 
-    if "vllm" in engines or options.server:  # the engines measure one temperature: the first
-        result.settings["engine_temperature"] = options.sampling().temperature
+    temperature = options.sampling().temperature  # the engines measure one temperature: the first
+    if "vllm" in engines or options.server:
+        result.settings["engine_temperature"] = temperature
     if "vllm" in engines:
         from eyas.bench.vllm_engine import run_vllm
 
         measured = run_vllm(options.target, options.draft, prompts, modes, options.concurrency, options.max_new_tokens,
-                            options.sampling().temperature, options.top_p, options.seed, stops, options.out / "vllm",
+                            temperature, options.top_p, options.seed, stops, options.out / "vllm",
                             options.vllm_python, parse_vllm_args(options.vllm_args, BENCH_RESERVED),
-                            [s for s in options.samplings() if s.temperature == options.sampling().temperature])
+                            [s for s in options.samplings() if s.temperature == temperature])
         result.engines += measured.levels
         result.engine_notes += measured.notes
         result.settings["vllm"] = measured.settings
@@ -152,6 +153,6 @@ def run_engines(options: BenchOptions, engines: tuple[str, ...], prompts, modes,
         for mode, server in measured_servers:
             for concurrency in options.concurrency:
                 result.engines.append(servers.run_level(server, model, mode, prompts, concurrency,
-                                                        options.max_new_tokens, options.sampling().temperature, options.top_p,
+                                                        options.max_new_tokens, temperature, options.top_p,
                                                         options.seed, stops))
         result.settings["server_model"] = model

@@ -161,9 +161,17 @@ def _bonus(residuals: torch.Tensor, fallback: torch.Tensor, row: torch.Tensor, u
     return draw(torch.where(empty, plain, chosen), uniform)
 
 
-def _one_hot(drafts: torch.Tensor, size: int, dtype: torch.dtype) -> torch.Tensor:
-    """Deterministic drafts as distributions [k, V]: each its own token with probability one."""
-    return torch.zeros(len(drafts), size, dtype=dtype, device=drafts.device).scatter_(1, drafts.view(-1, 1), 1.0)
+def _draft_chances(drafts: torch.Tensor, probs: torch.Tensor,
+                   draft_probs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What both chain rules read: the drafter's distribution behind each draft q [k, V] (deterministic drafts, None:
+    each its own token with probability one), and each draft's probability under the target p and under q [k]."""
+    k = len(drafts)
+    column = drafts.view(-1, 1)
+    if draft_probs is None:
+        q = torch.zeros(k, probs.shape[-1], dtype=probs.dtype, device=drafts.device).scatter_(1, column, 1.0)
+    else:
+        q = draft_probs.to(probs.dtype)
+    return q, probs[:k].gather(1, column)[:, 0], q.gather(1, column)[:, 0]
 
 
 def chain_sampled(drafts: torch.Tensor, probs: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -173,9 +181,7 @@ def chain_sampled(drafts: torch.Tensor, probs: torch.Tensor, draft_probs: torch.
     (None: deterministic drafts), ``uniforms`` [k + 1] (a coin per draft, then the bonus's) → (drafts accepted [1],
     bonus [1])."""
     k = len(drafts)
-    q = _one_hot(drafts, probs.shape[-1], probs.dtype) if draft_probs is None else draft_probs.to(probs.dtype)
-    column = drafts.view(-1, 1)
-    p_drafts, q_drafts = probs[:k].gather(1, column)[:, 0], q.gather(1, column)[:, 0]
+    q, p_drafts, q_drafts = _draft_chances(drafts, probs, draft_probs)
     accepted = (uniforms[:k] * q_drafts < p_drafts).long().cumprod(0).sum().view(1)  # u < min(1, p/q)
     residuals = torch.cat([(probs[:k] - q).clamp(min=0.0), probs[k:]])
     return accepted, _bonus(residuals, probs, accepted, uniforms[k:])
@@ -186,9 +192,7 @@ def block_sampled(drafts: torch.Tensor, probs: torch.Tensor, draft_probs: torch.
     """Block verification of a chain (module docstring), with :func:`chain_sampled`'s arguments → (drafts kept [1],
     bonus [1])."""
     k = len(drafts)
-    q = _one_hot(drafts, probs.shape[-1], probs.dtype) if draft_probs is None else draft_probs.to(probs.dtype)
-    column = drafts.view(-1, 1)
-    p_drafts, q_drafts = probs[:k].gather(1, column)[:, 0], q.gather(1, column)[:, 0]
+    q, p_drafts, q_drafts = _draft_chances(drafts, probs, draft_probs)
     steps = torch.where(q_drafts > 0, p_drafts / q_drafts.clamp(min=1e-30), 0.0)
     ratio = [torch.ones_like(steps[:1])]  # r_0 … r_k, each [1]
     for i in range(k):
