@@ -208,12 +208,13 @@ def test_speculative_sampling_follows_the_target_end_to_end(mode, monkeypatch):
         first, second_probs, seeds=800, least=200)
 
 
-@pytest.mark.parametrize("verification", ["standard", "block"])
-def test_drawn_drafts_through_the_engine_follow_the_target(verification, monkeypatch):
+@pytest.mark.parametrize("mode,verification", [("chain", "standard"), ("chain", "block"), ("tree", "standard")])
+def test_drawn_drafts_through_the_engine_follow_the_target(mode, verification, monkeypatch):
     """Drafts drawn from the drafter's distribution (``draft_sampling="probabilistic"``), through the engine: the
     token decided after the first round's drafts follows the target's distribution (χ²). The drafter's distribution is
     pinned to 0.6 / 0.4 on the two tokens the target likes best among those the draft vocabulary holds, so the first
-    draft is accepted and rejected often, by each rule."""
+    draft is accepted and rejected often, by each rule. A tree draws its children without replacement in its static
+    shape (eyas.engine.drawn_tree): the root's second child is the other of the two."""
     from eyas.engine.draft_runner import DraftRunner
 
     model = ARCHITECTURES["llama"][0]()
@@ -226,25 +227,94 @@ def test_drawn_drafts_through_the_engine_follow_the_target(verification, monkeyp
     wanted[best] = torch.tensor([0.6, 0.4])
     monkeypatch.setattr(DraftRunner, "logits", lambda self, prenorm: (0.05 * wanted.log()).expand(prenorm.shape[1], -1))
     assert_second_token_follows(
-        lambda seed: generate(target, prompt, 2, drafter, Speculation("chain", 3), Sampling(
+        lambda seed: generate(target, prompt, 2, drafter, Speculation("chain", 3) if mode == "chain" else TREE, Sampling(
             temperature=0.05, seed=seed, draft_sampling="probabilistic", verification=verification)),
         first, second_probs, seeds=800, least=200)
 
 
-def test_chain_only_rules_are_refused_for_trees_in_one_line():
-    """Asked for by name, drawn drafts and block verification are refused for trees; the default (auto) draws a chain's
-    drafts and keeps a tree's top-k; greedy decoding has no rule."""
+def test_block_verification_is_refused_for_trees_in_one_line():
+    """Asked for by name, block verification is refused for trees; the default (auto) draws a chain's drafts and keeps
+    a tree's top-k; greedy decoding has no rule."""
     from eyas.errors import EyasError
 
     auto = Sampling(temperature=1.0)
     assert (auto.resolved("chain").draft_sampling, auto.resolved("tree").draft_sampling) == ("probabilistic", "greedy")
     assert Sampling(draft_sampling="probabilistic", verification="block").resolved("chain").rule_label == ""
     auto.check_mode("tree")
+    Sampling(temperature=1.0, draft_sampling="probabilistic").check_mode("tree")
 
     model = ARCHITECTURES["llama"][0]()
     target, drafter = runners(model, capacity=64)
-    for rule in ({"draft_sampling": "probabilistic"}, {"verification": "block"}):
-        with pytest.raises(EyasError, match="chain modes"):
-            generate(target, prompt_of(1, length=6), 4, drafter, TREE, Sampling(temperature=1.0, **rule))
+    with pytest.raises(EyasError, match="chain modes"):
+        generate(target, prompt_of(1, length=6), 4, drafter, TREE, Sampling(temperature=1.0, verification="block"))
     with pytest.raises(EyasError, match="one of auto, greedy, probabilistic"):
         Sampling(temperature=1.0, draft_sampling="sampled")
+
+
+def test_drawn_tree_shape_fits_its_dynamic_twin():
+    """A drawn tree's static shape has the dynamic tree's node count and bounds (depth, children a node, nodes expanded
+    a level), its parents precede their children, and each node's children are ranks 0 … m − 1 in node order."""
+    from eyas.engine.drawn_tree import DrawnTreeShape
+    from eyas.engine.modes import tree_size
+
+    for top_k, depth, total in [(10, 7, 60), (4, 3, 10), (2, 6, 30), (1, 4, 4), (8, 8, 64)]:
+        shape = DrawnTreeShape.best(top_k, depth, total)
+        assert shape.nodes == tree_size(top_k, depth, total)
+        assert shape.depth <= depth and all(0 <= p < c for c, p in enumerate(shape.parents) if c)
+        assert all(len(hosts) <= top_k for hosts in shape.hosts)
+        for node in range(shape.nodes + 1):
+            children = shape.children(node)
+            assert [shape.ranks[c] for c in children] == list(range(len(children))) and len(children) <= top_k
+            assert all(shape.depths[c] == shape.depths[node] + 1 for c in children)
+    assert DrawnTreeShape.best(1, 4, 4).parents == (-1, 0, 1, 2, 3)  # one child a node: a chain
+
+
+@pytest.mark.parametrize("tree", [TREE, Speculation("tree", top_k=3, depth=5, total=20)], ids=["tree:10,3,4", "tree:20,5,3"])
+def test_drawn_tree_rounds_match_drawing_by_hand(tree):
+    """The engine's drawn tree, checked node by node: each host's distribution is the drafter's after the host's path,
+    as a chain forced along that path computes it, and its children are the first ranks of Gumbel draws from it at its
+    row of uniforms."""
+    from eyas.engine.drafting import draw_chain
+    from eyas.engine.drawn_tree import draw_without_replacement
+
+    model = ARCHITECTURES["llama"][0]()
+    target, drafter = runners(model, capacity=64)
+    prompt = prompt_of(5, length=6)
+    sampling = Sampling(temperature=1.0, draft_sampling="probabilistic")
+    logits, aux = target.prefill(prompt)
+    decoding_round, _ = round_for(target, drafter, tree)
+    root = int(logits.argmax())
+    decoding_round.begin(prompt, aux, root)
+    shape = decoding_round._drawn.shape
+    uniforms = torch.rand(decoding_round._drawn_uniforms, generator=torch.Generator().manual_seed(7))
+    draft, draft_probs = decoding_round.draw_tree(sampling, uniforms)
+    assert draft.parents.tolist() == list(shape.parents) and draft.depths.tolist() == list(shape.depths)
+    assert draft.positions.tolist() == [len(prompt[0]) + d for d in shape.depths]
+
+    def chained(path: list[int]) -> torch.Tensor:  # the drafter's distribution after the root and ``path``
+        decoding_round.begin(prompt, aux, root)
+        state, width, forced, rows = decoding_round.state, decoding_round.width, iter(path + [0]), []
+
+        def pick(logits):
+            rows.append(target_probs(logits, sampling))
+            return torch.tensor([next(forced)]), rows[-1]
+
+        draw_chain(drafter, decoding_round.aux, state.emitted.view(1, width), state.positions.view(1, width),
+                   state.drafter_length, state.valid, len(path) + 1, pick)
+        return rows[-1]
+
+    rows = uniforms.view(shape.draws, -1)
+    hosts = [h for level in shape.hosts for h in level]
+    vocab = drafter.vocabulary()
+    assert decoding_round._drawn.hosts.tolist() == hosts
+    for row, host in enumerate(hosts):
+        path, node = [], host
+        while node > 0:
+            path.insert(0, int(draft.tokens[node]))
+            node = shape.parents[node]
+        q = draft_probs[row][vocab]
+        assert torch.allclose(q, chained(path), atol=1e-5), f"host {host} (path {path})"
+        children = shape.children(host)
+        drawn = draw_without_replacement(q.view(1, -1), rows[row].view(1, -1), len(children))[0]
+        assert draft.tokens[children].tolist() == vocab[drawn].tolist()
+    assert len(draft_probs) == len(hosts)

@@ -14,7 +14,8 @@ import zlib
 import pytest
 import torch
 
-from eyas.engine.acceptance import Sampling, block_sampled, chain_sampled, draw, target_probs, tree_sampled
+from eyas.engine.acceptance import Sampling, block_sampled, chain_sampled, draw, target_probs, tree_drawn, tree_sampled
+from eyas.engine.drawn_tree import draw_without_replacement
 from test_engine_tree_sampling import chi_square_p
 
 VOCAB, RUNS = 5, 12000
@@ -174,3 +175,98 @@ def test_drawn_drafts_are_accepted_more_often_than_argmax_ones():
     _, argmax = pair_test(functools.partial(chain_round, rule=chain_sampled, drawn=False), sampling, seed=5)
     _, drawn = pair_test(functools.partial(chain_round, rule=chain_sampled, drawn=True), sampling, seed=5)
     assert drawn > argmax + 0.05
+
+
+# A drawn tree: the root draws three children without replacement, its first two children draw one child each.
+DRAWN_SHAPE = {"parents": [-1, 0, 0, 0, 1, 2], "depths": [0, 1, 1, 1, 2, 2], "hosts": [0, 1, 2], "children": [3, 1, 1]}
+
+
+def drawn_tree_round(prefix, sampling, generator, rule=tree_drawn, pick=None):
+    """One round of the drawn tree above: children by :func:`draw_without_replacement` (``pick``: another way of
+    choosing them, from q and the generator), judged by ``rule``."""
+    pick = pick or (lambda q, k: draw_without_replacement(q.view(1, -1), uniform(generator, VOCAB).view(1, -1), k)[0])
+    parents, depths = DRAWN_SHAPE["parents"], DRAWN_SHAPE["depths"]
+    tokens, node_prefix = [0] * 6, [prefix] * 6
+    q_rows = torch.zeros(6, VOCAB, dtype=torch.float64)
+    for host, count in zip(DRAWN_SHAPE["hosts"], DRAWN_SHAPE["children"], strict=True):
+        q_rows[host] = dist("drafter", node_prefix[host], sampling)
+        children = [c for c, p in enumerate(parents) if p == host]
+        for child, token in zip(children, pick(q_rows[host], count).tolist(), strict=True):
+            tokens[child], node_prefix[child] = token, node_prefix[host] + (token,)
+    p = torch.stack([dist("target", pre, sampling) for pre in node_prefix])
+    hosts = torch.tensor(DRAWN_SHAPE["hosts"])
+    accepted, bonus, path = rule(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths), p, hosts,
+                                 q_rows[hosts], uniform(generator, 6), levels=2, siblings=3)
+    return [tokens[n] for n in path[1 : int(accepted) + 1].tolist()] + [int(bonus)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.7-top-p0.8"])
+def test_drawn_tree_rule_keeps_the_target_distribution(sampling):
+    """Children drawn without replacement, judged rank by rank against q without the earlier siblings (at top-p 0.8 the
+    drafter's nucleus is often smaller than three tokens: children of no mass, never accepted)."""
+    p_value, _ = pair_test(drawn_tree_round, sampling)
+    assert p_value > 1e-3
+
+
+def test_draws_without_replacement_follow_q_then_q_without_the_first():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.tensor([0.0, 0.5, 0.2, 0.3])
+    pairs = draw_without_replacement(q.expand(20000, -1), torch.rand(20000, 4, generator=gen), 2)
+    first = torch.bincount(pairs[:, 0], minlength=4).double()
+    assert first[0] == 0 and chi_square_p(first, q.double()) > 1e-3
+    after_one = pairs[pairs[:, 0] == 1, 1]  # the second draw, after token 1 was drawn first
+    expected = torch.tensor([0.0, 0.0, 0.4, 0.6], dtype=torch.float64)
+    assert chi_square_p(torch.bincount(after_one, minlength=4).double(), expected) > 1e-3
+
+
+def test_drawn_trees_are_accepted_more_often_than_top_k_ones():
+    """Why drawn trees: at T = 1 drawn children judged by their rule keep more tokens a round than the top-k children of
+    the same shape judged by the deterministic rule."""
+    sampling = Sampling(temperature=1.0)
+
+    def top_k_judged_as_fixed(tokens, parents, depths, p, hosts, q, uniforms, levels, siblings):
+        return tree_sampled(tokens, parents, depths, p, uniforms, levels)
+
+    _, drawn = pair_test(drawn_tree_round, sampling, seed=5)
+    _, top_k = pair_test(functools.partial(drawn_tree_round, rule=top_k_judged_as_fixed,
+                                           pick=lambda q, k: q.topk(k).indices), sampling, seed=5)
+    assert drawn > top_k + 0.02
+
+
+def test_wrong_drawn_tree_rules_fail_the_same_test():
+    """The drawn-tree test has power: the root's children drawn, then ordered by q rather than as drawn (a dynamic tree's
+    selection by score: the children no longer follow q, q without the first, …), and later siblings judged against q
+    itself rather than q without the earlier ones — each is caught."""
+    sampling = Sampling(temperature=1.0)
+
+    def best_first(generator):
+        def pick(q, k):
+            drawn = draw_without_replacement(q.view(1, -1), uniform(generator, VOCAB).view(1, -1), 3)[0]
+            return drawn[q[drawn].argsort(descending=True)] if k == 3 else drawn[:k]
+        return pick
+
+    def q_not_renormalised(tokens, parents, depths, p, hosts, q_hosts, uniforms, levels, siblings):
+        tokens_l, parents_l, node, path = tokens.tolist(), parents.tolist(), 0, [0]
+        q = torch.zeros_like(p).index_copy_(0, hosts, q_hosts)
+        while True:
+            residual = p[node].clone()
+            winner = None
+            for c in (c for c, parent in enumerate(parents_l) if parent == node):
+                x = tokens_l[c]
+                if float(q[node, x]) > 0 and float(uniforms[c]) * float(q[node, x]) < float(residual[x]):
+                    winner = c
+                    break
+                residual = (residual - q[node]).clamp(min=0)
+                residual = residual / residual.sum()
+            if winner is None:
+                return len(path) - 1, draw(residual, uniforms[0]), torch.tensor(path + [0] * (levels + 1 - len(path)))
+            node = winner
+            path.append(node)
+
+    def selected(prefix, sampling, generator):
+        return drawn_tree_round(prefix, sampling, generator, pick=best_first(generator))
+
+    for name, round_fn in {"selected_by_q": selected,
+                           "q_not_renormalised": functools.partial(drawn_tree_round, rule=q_not_renormalised)}.items():
+        p_value, _ = pair_test(round_fn, sampling)
+        assert p_value < 1e-6, name

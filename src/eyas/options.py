@@ -166,9 +166,10 @@ class EngineOptions(Options):
     seed: int = option(0, "seed of the sampling draws (with --temperature > 0): the same seed, the same output",
                        check=SEED)
     draft_sampling: str = option("auto", "with --temperature > 0: greedy = drafts are the drafter's argmax (a "
-                                 "tree's top-k), accepted with the target's probability; probabilistic = a chain's "
-                                 "drafts drawn from the drafter's own distribution (same temperature and top-p), "
-                                 "accepted with min(1, p/q); auto = probabilistic in chains, greedy in trees "
+                                 "tree's top-k), accepted with the target's probability; probabilistic = drafts drawn "
+                                 "from the drafter's own distribution (same temperature and top-p; a tree of fixed "
+                                 "shape draws each node's children without replacement), accepted with min(1, p/q); "
+                                 "auto = probabilistic in chains, greedy in trees "
                                  "(measured: BENCHMARKS.md, Sampling)", check=one_of(*DRAFT_SAMPLING))
     verification: str = option("standard", "with --temperature > 0: standard = token by token; block = a chain's "
                                "drafts judged together (Sun et al. 2024: never fewer kept on average)",

@@ -65,12 +65,9 @@ class Sampling:
         return replace(self, draft_sampling="probabilistic" if mode == "chain" else "greedy")
 
     def check_mode(self, mode: str) -> None:
-        """Refuse a rule a decoding mode cannot run: drawn drafts and block verification are chain rules."""
+        """Refuse a rule a decoding mode cannot run: block verification is a chain rule."""
         if self.greedy or mode != "tree":
             return
-        if self.draft_sampling == "probabilistic":
-            raise EyasError("--draft-sampling probabilistic runs with chain modes: a dynamic tree keeps its drafter's "
-                            "top-k children, which were not drawn (pick chain:K, or --draft-sampling greedy)")
         if self.verification != "standard":
             raise EyasError("--verification block judges a chain's drafts together: run it with chain modes (a tree "
                             "is verified token by token)")
@@ -229,3 +226,54 @@ def tree_sampled(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tens
     tried.index_add_(0, tokens, (parents == deepest).to(probs.dtype))
     residual = row.masked_fill(tried.view(1, -1) > 0, 0.0)
     return accepted, _bonus(residual, row, torch.zeros_like(deepest), uniforms[:1]), path
+
+
+def tree_drawn(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, probs: torch.Tensor,
+               hosts: torch.Tensor, draft_probs: torch.Tensor, uniforms: torch.Tensor, levels: int,
+               siblings: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rule for a tree whose children were drawn without replacement from the drafter (module docstring;
+    :mod:`eyas.engine.drawn_tree`): ``tokens``, ``parents``, ``depths`` [n] as :func:`tree_verdict`'s, siblings in
+    the order drawn; the target's distributions at every node ``probs`` [n, V]; the nodes with children ``hosts`` [h]
+    and the drafter's distribution at each ``draft_probs`` [h, V]; ``uniforms`` [n] as :func:`tree_sampled`'s;
+    ``siblings``: the most children a node has → (drafts accepted [1], bonus [1], path).
+
+    At a node, the r-th child drawn follows q_r, q without the earlier children's tokens, renormalised; it is accepted
+    with probability min(1, p_r(x)/q_r(x)), and after its rejection p_{r+1} = max(0, p_r − q_r) renormalised (p_0 =
+    p). A child is what q_r draws whatever happened before, so each step is the chain's rule, and the node emits p.
+    A child whose token q_r gives no mass (q had fewer tokens than the node has children) is never accepted and
+    leaves p_r as it is. Every host's children are judged at once, rank by rank."""
+    n, h = len(tokens), len(hosts)
+    device = tokens.device
+    order = torch.arange(n, device=device)
+    earlier = (parents.view(1, -1) == parents.view(-1, 1)) & (order.view(1, -1) < order.view(-1, 1))  # [c, sibling]
+    host_row = torch.full((n,), h, dtype=torch.long, device=device).index_copy_(0, hosts, torch.arange(h, device=device))
+    # child_of[host row, rank] → the child (−1: none); the root and children of no host write to a spare entry
+    slot = torch.where(parents >= 0, host_row.index_select(0, parents.clamp(min=0)) * siblings + earlier.sum(-1),
+                       h * siblings)
+    child_of = torch.full((h * siblings + 1,), -1, dtype=torch.long, device=device).index_copy_(0, slot, order)
+    child_of = child_of[:-1].view(h, siblings)
+    residual = probs.index_select(0, hosts)  # p_r at every host
+    remaining = draft_probs.to(probs.dtype)  # q without the children judged so far (unnormalised)
+    coin_up = torch.zeros(n + 1, dtype=torch.bool, device=device)  # per child; the last entry takes nobody's
+    for rank in range(siblings):
+        child = child_of[:, rank]
+        exists = child >= 0
+        token = tokens.index_select(0, child.clamp(min=0)).view(-1, 1)
+        mass = remaining.sum(-1, keepdim=True)
+        q_r = torch.where(mass > 0, remaining / mass.clamp(min=1e-30), 0.0)
+        p_x, q_x = residual.gather(1, token)[:, 0], q_r.gather(1, token)[:, 0]
+        coin = uniforms.index_select(0, child.clamp(min=0))
+        up = exists & (q_x > 0) & (coin * q_x < p_x)  # u < min(1, p_r(x) / q_r(x))
+        coin_up.index_copy_(0, torch.where(exists, child, n), up)
+        left = (residual - q_r).clamp(min=0.0)
+        left_mass = left.sum(-1, keepdim=True)
+        judged = (exists & (q_x > 0)).view(-1, 1) & (left_mass > 0)
+        residual = torch.where(judged, left / left_mass.clamp(min=1e-30), residual)
+        remaining = remaining.scatter(1, token, torch.where(exists.view(-1, 1), 0.0, remaining.gather(1, token)))
+    coin_up = coin_up[:n]
+    first_up = coin_up & ~(earlier & coin_up.view(1, -1)).any(-1)  # tried, i.e. every earlier sibling rejected
+    deepest, accepted, path = _accepted_path((parents < 0) | first_up, parents, depths, levels)
+    # the bonus: from what is left of the deepest accepted node's p after its children (a leaf: p itself)
+    row = host_row.index_select(0, deepest)
+    left = torch.cat([residual, probs.index_select(0, deepest)]).index_select(0, row)
+    return accepted, _bonus(left, probs.index_select(0, deepest), torch.zeros_like(deepest), uniforms[:1]), path

@@ -23,9 +23,20 @@ from typing import Any, NamedTuple
 
 import torch
 
-from eyas.engine.acceptance import Sampling, block_sampled, chain_sampled, chain_verdict, draw, target_probs, tree_sampled, tree_verdict
+from eyas.engine.acceptance import (
+    Sampling,
+    block_sampled,
+    chain_sampled,
+    chain_verdict,
+    draw,
+    target_probs,
+    tree_drawn,
+    tree_sampled,
+    tree_verdict,
+)
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.drafting import ancestor_mask, draft_chain, draft_tree, draw_chain, proposal_depths
+from eyas.engine.drawn_tree import DrawnTree, DrawnTreeShape
 from eyas.engine.graphs import InputBuffer
 from eyas.engine.modes import Speculation
 from eyas.engine.target_runner import TargetRunner
@@ -134,6 +145,12 @@ class Round:
             self._proposal_depths = proposal_depths(top_k, depth, drafter.device)
             self._root_parent = torch.full((1,), -1, dtype=torch.long, device=device)
             self._root_depth = torch.zeros(1, dtype=torch.long, device=device)
+            # drawn trees: a static shape of as many nodes (eyas.engine.drawn_tree); its Gumbel rows, then the coins
+            self._drawn = DrawnTree(DrawnTreeShape.best(top_k, depth, speculation.total), drafter.device)
+            self._drawn_uniforms = self._drawn.shape.uniforms_needed(len(drafter.drafter.d2t)) - self.nodes - 1
+            self.uniforms_per_round = max(self.uniforms_per_round, self._drawn_uniforms + self.nodes + 1)
+            self._drawn_parents, self._drawn_depths = self._drawn.parents.to(device), self._drawn.depths.to(device)
+            self._drawn_hosts = self._drawn.hosts.to(device)
 
     @torch.no_grad()
     def begin(self, prompt: torch.Tensor, aux: torch.Tensor, token: int) -> None:
@@ -236,7 +253,10 @@ class Round:
         """A whole sampled round at ``uniforms`` [uniforms_per_round], on the device as :meth:`greedy` is: draft (the
         drafter's argmax or top-k, or a chain drawn from it) → verify → accept by ``sampling``'s rule → commit → the
         same three tensors."""
-        if self.mode != "plain" and sampling.draft_sampling == "probabilistic":
+        if self.mode == "tree" and sampling.draft_sampling == "probabilistic":
+            used = self._drawn_uniforms
+            (draft, draft_probs), uniforms = self.draw_tree(sampling, uniforms[:used]), uniforms[used:]
+        elif self.mode == "chain" and sampling.draft_sampling == "probabilistic":
             k = self.speculation.draft_length
             (draft, draft_probs), uniforms = self.draw(sampling, uniforms[:k]), uniforms[k:]
         else:
@@ -270,6 +290,21 @@ class Round:
         device = self.target.device
         return Draft(torch.cat([state.root, drafts.to(device)]), state.target_length + self.steps), rows.to(device)
 
+    def draw_tree(self, sampling: Sampling, uniforms: torch.Tensor) -> tuple[Draft, torch.Tensor]:
+        """A tree of the static shape drawn from the drafter's own distribution (its logits under the request's
+        temperature and top-p), Gumbel noise from ``uniforms`` → (the draft, the drafter's distribution at each node
+        over the target's vocabulary at each node with children [hosts, V], in :attr:`DrawnTree.hosts` order)."""
+        state, n, drafter, drawn = self.state, self.width, self.drafter, self._drawn
+        ids, rows = drawn.draw(drafter, self.aux, state.emitted.view(1, n), state.positions.view(1, n),
+                               state.drafter_length, state.valid, lambda logits: target_probs(logits, sampling),
+                               uniforms.to(drafter.device))
+        size = self.target.layout.lm_head.weight.shape[0]
+        draft_probs = rows.new_zeros(len(rows), size).index_copy_(1, drafter.vocabulary(), rows)  # onto target ids
+        device = self.target.device
+        tokens = torch.cat([state.root, drafter.drafter.to_target_ids(ids).to(device)])
+        depths = self._drawn_depths
+        return Draft(tokens, state.target_length + depths, self._drawn_parents, depths), draft_probs.to(device)
+
     def judge(self, draft: Draft, probs: torch.Tensor, draft_probs: torch.Tensor | None, sampling: Sampling,
               uniforms: torch.Tensor) -> Verdict:
         """The sampled verdict on the device, from the target's distributions at every node ``probs`` [n, V] and the
@@ -277,6 +312,9 @@ class Round:
         if self.mode == "plain":
             return Verdict(self._none, draw(probs, uniforms[:1]))
         n = len(draft.tokens)
+        if self.mode == "tree" and draft_probs is not None:
+            return Verdict(*tree_drawn(draft.tokens, draft.parents, draft.depths, probs, self._drawn_hosts, draft_probs,
+                                       uniforms[:n], self.speculation.depth, self._drawn.shape.siblings))
         if self.mode == "tree":
             return Verdict(*tree_sampled(draft.tokens, draft.parents, draft.depths, probs, uniforms[:n],
                                          self.speculation.depth))
