@@ -234,11 +234,12 @@ def test_drawn_drafts_through_the_engine_follow_the_target(mode, verification, m
 
 def test_block_verification_is_refused_for_trees_in_one_line():
     """Asked for by name, block verification is refused for trees; the default (auto) draws a chain's drafts and keeps
-    a tree's top-k; greedy decoding has no rule."""
+    a tree's children from T = 0.85 (its top-k below); greedy decoding has no rule."""
     from eyas.errors import EyasError
 
     auto = Sampling(temperature=1.0)
-    assert (auto.resolved("chain").draft_sampling, auto.resolved("tree").draft_sampling) == ("probabilistic", "greedy")
+    assert (auto.resolved("chain").draft_sampling, auto.resolved("tree").draft_sampling) == ("probabilistic",) * 2
+    assert Sampling(temperature=0.7).resolved("tree").draft_sampling == "greedy"
     assert Sampling(draft_sampling="probabilistic", verification="block").resolved("chain").rule_label == ""
     auto.check_mode("tree")
     Sampling(temperature=1.0, draft_sampling="probabilistic").check_mode("tree")

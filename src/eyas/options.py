@@ -169,7 +169,7 @@ class EngineOptions(Options):
                                  "tree's top-k), accepted with the target's probability; probabilistic = drafts drawn "
                                  "from the drafter's own distribution (same temperature and top-p; a tree of fixed "
                                  "shape draws each node's children without replacement), accepted with min(1, p/q); "
-                                 "auto = probabilistic in chains, greedy in trees "
+                                 "auto = probabilistic in chains, and in trees from T = 0.85 (greedy below) "
                                  "(measured: BENCHMARKS.md, Sampling)", check=one_of(*DRAFT_SAMPLING))
     verification: str = option("standard", "with --temperature > 0: standard = token by token; block = a chain's "
                                "drafts judged together (Sun et al. 2024: never fewer kept on average)",

@@ -74,7 +74,7 @@ class BenchOptions(EngineOptions):
     draft_sampling: tuple[str, ...] = option(("auto",), "with --temperature > 0, comma-separated, each a decoder of its "
                                              "own beside the others: greedy = drafts are the drafter's argmax (a tree's "
                                              "top-k), probabilistic = drafts drawn from the drafter (a tree of fixed "
-                                             "shape; rows 'drawn'), auto = drawn in chains, top-k in trees; e.g. "
+                                             "shape; rows 'drawn'), auto = drawn in chains, and in trees from T = 0.85; e.g. "
                                              "greedy,probabilistic measures both rules in one run",
                                              check=each(one_of(*DRAFT_SAMPLING)))
     verification: tuple[str, ...] = option(("standard",), "with --temperature > 0, comma-separated as --draft-sampling: "

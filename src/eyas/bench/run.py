@@ -116,8 +116,8 @@ def timed(device: torch.device, call):
 
 def decoders(modes: list[Speculation], samplings: list[Sampling]) -> list[tuple[str, Speculation | None, Sampling]]:
     """Each (label, mode, sampling) to decode, temperature by temperature (in the order of ``samplings``): the plain
-    run (mode None), then every mode under every rule it can run at that temperature (a tree: its top-k verified
-    token by token), labelled with the rule unless it is the default one. A mode that can run none of them: the
+    run (mode None), then every mode under every rule it can run at that temperature (a tree: any but block
+    verification), labelled with the rule unless it is the default one. A mode that can run none of them: the
     error that says why."""
     chosen: list[tuple[str, Speculation | None, Sampling]] = []
     for temperature in dict.fromkeys(s.temperature for s in samplings):

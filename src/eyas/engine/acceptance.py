@@ -15,10 +15,11 @@ round is recorded and replayed in bursts as a greedy one is. Each rule's output 
   p(c); on rejection p(c) becomes 0 and p is renormalised for the next child; if every child is rejected the bonus
   comes from what is left of p. Child c given its earlier siblings' rejection is thus accepted with probability
   p(c) / (1 − Σ earlier siblings' p), which :func:`tree_sampled` evaluates for every node at once;
-- drafts drawn from the drafter's own distribution q (``draft_sampling="probabilistic"``, or "auto" in chains: its logits under
-  the request's temperature and top-p, as the target's): draft x is accepted with probability min(1, p(x)/q(x)), and
-  after a rejection the bonus comes from max(0, p − q) renormalised (:func:`chain_sampled`; a one-hot q is the rule
-  above);
+- drafts drawn from the drafter's own distribution q (``draft_sampling="probabilistic"``, or "auto" in chains, and in
+  trees from :data:`DRAWN_TREES_FROM`: its logits under the request's temperature and top-p, as the target's): draft x
+  is accepted with probability min(1, p(x)/q(x)), and after a rejection the bonus comes from max(0, p − q)
+  renormalised (:func:`chain_sampled`; a one-hot q is the rule above); a tree's children are drawn without
+  replacement into a static shape, the r-th judged against q without its earlier siblings (:func:`tree_drawn`);
 - block verification (``verification="block"``, Sun et al., arXiv 2403.10444, chains) decides how many drafts to
   keep from the whole chain at once: with r_0 = 1 and r_i = min(1, r_{i−1}·p_i(x_i)/q_i(x_i)), keep the first i
   drafts with probability h_i, the largest i whose coin comes up wins, where h_i = m_i / (m_i + 1 − r_i) with
@@ -35,6 +36,8 @@ import torch
 
 from eyas.engine.modes import DRAFT_SAMPLING, VERIFICATION
 from eyas.errors import EyasError
+
+DRAWN_TREES_FROM = 0.85  # auto draws a tree's children from this temperature up: halfway between the two measured
 
 
 @dataclass(frozen=True)
@@ -56,13 +59,16 @@ class Sampling:
 
     def resolved(self, mode: str) -> Sampling:
         """The rule a ``mode`` ("plain", "chain", "tree") runs: ``draft_sampling="auto"`` draws a chain's drafts from
-        the drafter and keeps a tree's top-k (drawn chains accepted more at T = 1 and 0.7 on every dataset measured:
-        BENCHMARKS.md, "Sampling"); plain decoding drafts nothing."""
+        the drafter, and a tree's from :data:`DRAWN_TREES_FROM` up, below which it keeps a tree's top-k (measured,
+        BENCHMARKS.md "Sampling": drawn chains accepted more at T = 1 and 0.7 on every dataset; drawn trees on every
+        dataset at T = 1, on two of three at 0.7, where a dynamic tree's depth pays on code); plain decoding drafts
+        nothing."""
         if self.greedy:  # no rule: the argmax everywhere
             return replace(self, draft_sampling="greedy", verification="standard")
         if self.draft_sampling != "auto":
             return self
-        return replace(self, draft_sampling="probabilistic" if mode == "chain" else "greedy")
+        drawn = mode == "chain" or (mode == "tree" and self.temperature >= DRAWN_TREES_FROM)
+        return replace(self, draft_sampling="probabilistic" if drawn else "greedy")
 
     def check_mode(self, mode: str) -> None:
         """Refuse a rule a decoding mode cannot run: block verification is a chain rule."""

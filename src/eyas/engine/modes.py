@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from eyas.errors import EyasError
 
 # how a sampled round treats its drafts (eyas.engine.acceptance has the rules): drafts the drafter's argmax (top-k in
-# trees) or drawn from its distribution (auto: drawn in chains, top-k in trees); verified token by token, or a chain's
+# trees) or drawn from its distribution (auto: drawn in chains, and in trees from T = 0.85); verified token by token, or a chain's
 # drafts judged together
 DRAFT_SAMPLING = ("auto", "greedy", "probabilistic")
 VERIFICATION = ("standard", "block")
