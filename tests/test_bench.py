@@ -45,10 +45,10 @@ def test_bench_reports_tau_speed_and_losslessness(setup, monkeypatch):
     report = json.loads((root / "report" / "report.json").read_text())
     assert report["settings"]["repeats"] == 2
     # by default T = 0 and T = 1 side by side, each mode beside its own temperature's plain run; at T = 1 a chain's
-    # drafts are drawn from the drafter (auto), a tree keeps its top-k
+    # drafts are drawn from the drafter (auto), and so are a tree's children (auto: from T = 0.85)
     assert report["settings"]["temperature"] == [0.0, 1.0]
     modes = {(row["mode"], row["temperature"]): row for row in report["rows"]}
-    assert list(modes) == [("chain:3", 0.0), ("tree:8,3,3", 0.0), ("chain:3 drawn", 1.0), ("tree:8,3,3", 1.0)]
+    assert list(modes) == [("chain:3", 0.0), ("tree:8,3,3", 0.0), ("chain:3 drawn", 1.0), ("tree:8,3,3 drawn", 1.0)]
     plain = {r["temperature"]: r for r in report["datasets"]["sharegpt-holdout"] if r["mode"] == "plain"}
     count = len(holdout_prompts(data))  # holdout conversations with a prompt before their first assistant token
     for (_, temperature), row in modes.items():

@@ -247,8 +247,8 @@ def test_each_sampling_rule_runs_in_both_engines_under_its_own_name(setup, fake_
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     rules = ["chain:3", "chain:3 block", "chain:3 drawn", "chain:3 drawn+block"]
-    # a tree keeps its top-k, verified token by token: the one rule it runs
-    assert [r["mode"] for r in report["rows"]] == [*rules, "tree:8,3,3"]
+    # a tree runs its top-k and its drawn children, each verified token by token (block verification is a chain rule)
+    assert [r["mode"] for r in report["rows"]] == [*rules, "tree:8,3,3", "tree:8,3,3 drawn"]
     calls = [json.loads(line) for line in fake_vllm.read_text().splitlines()]
     asked = [{k: v for k, v in (c["speculative_config"] or {}).items() if k.endswith("sample_method")} for c in calls]
     assert asked == [{}, {}, {"draft_sample_method": "greedy", "rejection_sample_method": "block"},
@@ -257,7 +257,7 @@ def test_each_sampling_rule_runs_in_both_engines_under_its_own_name(setup, fake_
     compared = {c["mode"]: c for c in report["engines"]["comparison"]}
     assert all(compared[rule]["eyas_mode"] == rule for rule in rules)
     refused = bench(setup, tmp_path / "other", "--draft", str(root / "draft"), "--mode", "tree:8,3,3",
-                    "--temperature", "1", "--draft-sampling", "probabilistic")
+                    "--temperature", "1", "--verification", "block")
     assert refused.exit_code != 0 and "chain modes" in refused.output
 
 

@@ -74,3 +74,35 @@ def test_fsdp2_run_killed_and_resumed_equals_uninterrupted(tmp_path):
     b = load_file(tmp_path / "resumed" / "final" / "model.safetensors")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("before,after", [(2, 1), (1, 2)], ids=["2-ranks-to-1", "1-to-2-ranks"])
+def test_a_run_resumes_exactly_on_another_number_of_processes(tmp_path, before, after):
+    """Killed at step 2 on ``before`` processes (two gloo ranks: FSDP2), resumed on ``after``: refused while a step's
+    micro-batches (--grad-accum × processes) would change, exact when --grad-accum keeps them — the same batches a
+    step, the optimizer state saved whole and loaded sharded or not. Its final weights equal an uninterrupted run's."""
+    target, _, features = zoo.tiny_store(tmp_path, sizes=(("train", 32), ("holdout", 4)))
+    common = ["train", "--target", target, "--features", str(features), "--max-steps", "4", "--token-budget", "256",
+              "--ttt-steps", "2", "--lr", "1e-3", "--checkpoint-every", "2", "--eval-batches", "1", "--fsdp"]
+    accum = {1: ["--grad-accum", "2"], 2: ["--grad-accum", "1"]}  # two micro-batches a step either way
+    launch = {1: [sys.executable], 2: [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                       "--master-port", "29616"]}
+    run_train(common[1:] + accum[before] + ["--out", str(tmp_path / "clean")], nproc=before if before > 1 else None)
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_AT_STEP_2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([*launch[before], str(script), *common, *accum[before], "--out", str(tmp_path / "moved")],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert killed.returncode != 0 and (tmp_path / "moved" / "checkpoints" / "step-00000002").is_dir()
+    refused = subprocess.run([*launch[after], "-m", "eyas", *common, *accum[before], "--out", str(tmp_path / "moved"),
+                              "--resume"], capture_output=True, text=True, env=env, timeout=600)
+    assert refused.returncode != 0
+    assert "2 micro-batches a step" in refused.stderr and f"resume with --grad-accum {2 // after}" in refused.stderr
+    run_train(common[1:] + accum[after] + ["--out", str(tmp_path / "moved"), "--resume"], nproc=after if after > 1 else None)
+    a = load_file(tmp_path / "clean" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "moved" / "final" / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
+    segments = json.loads((tmp_path / "moved" / "train_options.json").read_text())["segments"]
+    assert [(s["step"], s["world"]) for s in segments] == [(0, before), (2, after)]
+    assert segments[1]["changed"] == {"grad_accum": {"from": 2 // before, "to": 2 // after}}

@@ -61,7 +61,7 @@ def save_checkpoint(run_dir: Path, step: int, drafter, optimizer, scheduler, pos
     """Write checkpoint ``step`` atomically (only where ``write``; every rank must call it when the
     drafter is sharded, to gather it); keep the newest ``keep``; return its directory."""
     model_state = full_model_state(drafter)
-    optimizer_state = _full_optimizer_state(drafter, optimizer)
+    optimizer_state = _keyed(_full_optimizer_state(drafter, optimizer), _parameter_names(drafter, optimizer), by_name=True)
     root = checkpoint_dir(run_dir)
     final = root / f"step-{step:08d}"
     if not write:
@@ -134,7 +134,10 @@ def load_checkpoint(path: Path, drafter, optimizer, scheduler) -> dict:
     cuda_rng = saved.pop("rng.cuda", None)
     if cuda_rng is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(cuda_rng)
-    optimizer_state = _unflatten_optimizer(saved, state["param_groups"])
+    # keyed by parameter name (older checkpoints: by index), whether or not the run that wrote it was sharded: a run
+    # resumes on another number of processes, sharded or not
+    optimizer_state = _keyed(_unflatten_optimizer(saved, state["param_groups"]), _parameter_names(drafter, optimizer),
+                             by_name=is_sharded(drafter))
     if is_sharded(drafter):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
@@ -159,8 +162,25 @@ def _full_optimizer_state(drafter, optimizer) -> dict:
     return get_optimizer_state_dict(drafter, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def _parameter_names(drafter, optimizer) -> list[str]:
+    """The names of the optimizer's parameters, in its order (the indices an unsharded optimizer's state uses)."""
+    names = {id(param): name for name, param in drafter.named_parameters()}
+    return [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
+
+
+def _keyed(state: dict, names: list[str], by_name: bool) -> dict:
+    """An optimizer state dict keyed by parameter name (``by_name``: what a sharded optimizer loads, and what checkpoints
+    hold) or by index (what an unsharded one loads), whichever it was keyed by."""
+    if "state" not in state:  # a gathered state on a rank other than 0: empty
+        return state
+    index = {name: i for i, name in enumerate(names)}
+    key = (lambda k: names[k] if isinstance(k, int) else k) if by_name else (lambda k: index[k] if isinstance(k, str) else k)
+    return {"state": {key(k): v for k, v in state["state"].items()},
+            "param_groups": [{**group, "params": [key(p) for p in group["params"]]} for group in state["param_groups"]]}
+
+
 def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """Optimizer state → flat tensors ``state/<param key>/<name>`` (keys are indices, or names when sharded)."""
+    """Optimizer state → flat tensors ``state/<param key>/<name>`` (keys are parameter names; indices in older checkpoints)."""
     tensors = {}
     for key, values in state["state"].items():
         for name, value in values.items():

@@ -20,7 +20,8 @@ class TrainOptions(Options):
     online: bool = option(False, "run the target in this process: nothing is written to disk "
                           "(the default when --data is given without --features)")
     resume: bool = option(False, "continue RUN_DIR from its latest checkpoint (only the step limit, checkpoint cadence, "
-                          "--attention, --fsdp and --trust-remote-code may differ from the run's)")
+                          "--attention, --fsdp and --trust-remote-code may differ from the run's, and the number of "
+                          "processes when --grad-accum × processes stays what it was)")
     force: bool = force_option()
     drafter: str = option("eagle3", "the drafter family: eagle3 (one layer, one token a pass, training-time test) or "
                           "dflash (a block drafter: one forward proposes block-size − 1 tokens; vLLM's dflash method)",
@@ -74,7 +75,8 @@ class TrainOptions(Options):
 
 
 # What `--resume` may change: when the run ends (the step limit; the learning-rate schedule then stretches to the new
-# total), how often it checkpoints and how many it keeps, how it is distributed and what code it may run, how the
+# total), how often it checkpoints and how many it keeps, how it is distributed (the number of processes too, with
+# --grad-accum keeping a step's micro-batches: eyas.train.resume) and what code it may run, how the
 # TTT steps attend (the same result), and where RUN_DIR now lies. Any other change (lr, TTT steps, batching, seed,
 # eval size, drafter shape, layer ids, the target) would make RUN_DIR describe a run that never happened: it is refused.
 # The data (--features / --data / --online) is compared by content, not by path: a moved DATA_DIR or FEATURES_DIR

@@ -3,9 +3,11 @@
 ``train_options.json`` holds the options the run started with, never rewritten, and ``segments``: the step each part
 of the run began at (0, then every resume that trains or changes something), the data it read (role, path and the
 SHA-256 of the directory's manifest: :func:`eyas.manifest.input_record`) and what it changed (``{option: {"from": ...,
-"to": ...}}``), and the target it trained against (:func:`target_identity`). A resume may change only
-:data:`eyas.train.options.RESUMABLE` and the paths of the data and of the target (when their content is the same);
-anything else is refused before the target is loaded or anything is written.
+"to": ...}}``), the target it trained against (:func:`target_identity`) and how many processes trained it
+(``world``). A resume may change only :data:`eyas.train.options.RESUMABLE` and the paths of the data and of the
+target (when their content is the same), and the number of processes when ``--grad-accum`` keeps the micro-batches
+of a step (``--grad-accum`` × processes) what they were: the same batches, so the run continues exactly on another
+GPU count. Anything else is refused before the target is loaded or anything is written.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from eyas.train.run_dir import OPTIONS_FILE
 SEGMENTS = "segments"
 NOT_COMPARED = ("resume",)  # how this command was invoked, not what the run is
 TARGET = "target"  # compared by content (:func:`target_identity`), like the data
+WORLD = "world"  # a segment's number of processes (torchrun's WORLD_SIZE)
+GRAD_ACCUM = "grad_accum"  # may change with the number of processes, their product kept (:func:`_accumulation_change`)
 
 
 def read_run_record(run_dir: Path) -> dict | None:
@@ -57,15 +61,17 @@ def target_identity(options: TrainOptions) -> dict:
     return {**target_facts(options.target, config, source), "weights_sha256": weights}
 
 
-def resume_changes(record: dict, options: TrainOptions, step: int, out: Path, target: dict) -> dict:
-    """What resuming the recorded run from checkpoint ``step`` with ``options`` against ``target`` (its
-    :func:`target_identity`) changes (``{option: {"from", "to"}}``); a change :data:`RESUMABLE` does not allow, other
-    data or another target is an EyasError naming the option, both values and what to do."""
+def resume_changes(record: dict, options: TrainOptions, step: int, out: Path, target: dict, world: int = 1) -> dict:
+    """What resuming the recorded run from checkpoint ``step`` with ``options`` in ``world`` processes against ``target``
+    (its :func:`target_identity`) changes (``{option: {"from", "to"}}``); a change :data:`RESUMABLE` does not allow,
+    other micro-batches a step, other data or another target is an EyasError naming the option, both values and what
+    to do."""
     before, now = run_options(_before(record, step)), jsonable(options)
     defaults = {f.name: jsonable(f.default) for f in dataclasses.fields(TrainOptions) if f.default is not dataclasses.MISSING}
-    changed = {}
+    changed = _accumulation_change(before.get("grad_accum", defaults["grad_accum"]), _recorded_world(record, step),
+                                   options.grad_accum, world, out)
     for name, value in now.items():
-        if name in NOT_COMPARED or name in DATA_OPTIONS or (name == TARGET and _recorded_target(record, step)):
+        if name in NOT_COMPARED or name in DATA_OPTIONS or name == GRAD_ACCUM or (name == TARGET and _recorded_target(record, step)):
             continue
         old = before.get(name, defaults.get(name))  # an option newer than the record: the run had its default
         if old == value:
@@ -77,18 +83,20 @@ def resume_changes(record: dict, options: TrainOptions, step: int, out: Path, ta
             **_target_change(_recorded_target(record, step), target, out)}
 
 
-def new_record(options: TrainOptions, target: dict) -> dict:
-    """The record of a run that starts at step 0 against ``target`` (its :func:`target_identity`)."""
-    return {**jsonable(options), SEGMENTS: [{"step": 0, "data": data_input(options), TARGET: target}]}
+def new_record(options: TrainOptions, target: dict, world: int = 1) -> dict:
+    """The record of a run that starts at step 0 against ``target`` (its :func:`target_identity`) in ``world``
+    processes."""
+    return {**jsonable(options), SEGMENTS: [{"step": 0, "data": data_input(options), TARGET: target, WORLD: world}]}
 
 
-def resumed_record(record: dict, options: TrainOptions, step: int, changes: dict, training: bool, target: dict) -> dict:
+def resumed_record(record: dict, options: TrainOptions, step: int, changes: dict, training: bool, target: dict,
+                   world: int = 1) -> dict:
     """``record`` with a segment for the resume from ``step`` when it changes something or trains. A segment that
     began at or after ``step`` left no checkpoint behind (its run was killed before one): this one replaces it."""
     base = _before(record, step)
     if not changes and not training:  # a finished run run again: nothing to record
         return base
-    segment = {"step": step, "data": data_input(options), TARGET: target, "changed": changes}
+    segment = {"step": step, "data": data_input(options), TARGET: target, WORLD: world, "changed": changes}
     return {**base, SEGMENTS: [*base.get(SEGMENTS, []), segment]}
 
 
@@ -114,6 +122,25 @@ def _recorded_target(record: dict, step: int) -> dict | None:
     """The target facts the run last recorded before ``step``; None for a run recorded before they were."""
     segments = _before(record, step).get(SEGMENTS, [])
     return segments[-1].get(TARGET) if segments else None
+
+
+def _recorded_world(record: dict, step: int) -> int:
+    """How many processes trained the run last before ``step``; 1 for a run recorded before segments said."""
+    segments = _before(record, step).get(SEGMENTS, [])
+    return segments[-1].get(WORLD, 1) if segments else 1
+
+
+def _accumulation_change(old_accum: int, old_world: int, accum: int, world: int, out: Path) -> dict:
+    """``--grad-accum``'s change: a step's micro-batches (``--grad-accum`` × processes) must stay what they were, so
+    that every step averages the same batches; on another number of processes that takes another ``--grad-accum``."""
+    if accum * world == old_accum * old_world:
+        return {} if accum == old_accum else {GRAD_ACCUM: {"from": old_accum, "to": accum}}
+    fits = old_accum * old_world % world == 0
+    remedy = (f"resume with --grad-accum {old_accum * old_world // world}" if fits else
+              f"resume on a number of processes that divides {old_accum * old_world}")
+    raise EyasError(f"{out} was trained with {old_accum * old_world} micro-batches a step (--grad-accum {old_accum} × "
+                    f"{old_world} process{'es' if old_world > 1 else ''}); this resume gives {accum * world} (--grad-accum "
+                    f"{accum} × {world}): {remedy} to continue it exactly, or train into a new --out")
 
 
 def _target_change(old: dict | None, new: dict, out: Path) -> dict:

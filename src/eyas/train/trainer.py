@@ -75,7 +75,7 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
     at = json.loads((latest / "state.json").read_text())["step"] if latest is not None else 0
     recorded = read_run_record(out) if latest is not None else None
     target = target_identity(options)
-    changes = resume_changes(recorded, options, at, out, target) if recorded is not None else {}
+    changes = resume_changes(recorded, options, at, out, target, world) if recorded is not None else {}
     setup = setup_training(options, device, loaded, target)
     drafter, source, holdout, head, draft_ids = setup["drafter"], setup["source"], setup["holdout"], setup["head"], setup["draft_ids"]
     blocks = options.drafter == "dflash"
@@ -94,8 +94,8 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
     if at > total_steps:
         raise EyasError(f"{out} is at step {at}, past the {total_steps} steps --max-steps/--epochs now give: give at least "
                         f"--max-steps {at}, or train into a new --out")
-    run_record = new_record(options, target) if recorded is None else \
-        resumed_record(recorded, options, at, changes, at < total_steps, target)
+    run_record = new_record(options, target, world) if recorded is None else \
+        resumed_record(recorded, options, at, changes, at < total_steps, target, world)
     optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas,
                                   weight_decay=options.weight_decay)
     warmup = max(1, round(options.warmup_ratio * total_steps))
