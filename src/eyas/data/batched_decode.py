@@ -41,6 +41,7 @@ from eyas.engine.attention import layer_masks, sliding_rule
 from eyas.engine.graphs import StepGraphs
 from eyas.engine.grouped_attention import grouped_attention
 from eyas.engine.kv import SlotCache
+from eyas.sampling import draw, sampling_probs
 from eyas.target.compat import cache_keyword
 from eyas.target.layout import text_config
 
@@ -89,11 +90,7 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor | None, seeds: torch.Te
     softmax(logits / T) by inverse CDF with the row's uniform (no host synchronisation: graph-safe)."""
     if temperature is None:
         return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    cumulative = probs.double().cumsum(-1)
-    point = uniforms(seeds, step) * cumulative[:, -1]
-    token = torch.searchsorted(cumulative, point[:, None]).squeeze(1)
-    return token.clamp_(max=logits.shape[-1] - 1)
+    return draw(sampling_probs(logits, temperature), uniforms(seeds, step))
 
 
 class _Lane:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas.drafter.ttt import shift_left
+from eyas.sampling import sampling_probs
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def target_signal(final: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: 
             argmax.append(draft_logits.argmax(-1))
             in_draft.append(is_draft[logits.argmax(-1)])
             for t, parts in tempered.items():
-                parts.append(torch.softmax(logits.float() / t, dim=-1)[:, draft_ids])
+                parts.append(sampling_probs(logits, t)[:, draft_ids])
     return TargetSignal(
         probs=torch.cat(probs).view(batch, tokens, -1),
         argmax=torch.cat(argmax).view(batch, tokens),

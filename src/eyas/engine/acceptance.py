@@ -36,6 +36,7 @@ import torch
 
 from eyas.engine.modes import DRAFT_SAMPLING, VERIFICATION
 from eyas.errors import EyasError
+from eyas.sampling import draw, sampling_probs
 
 DRAWN_TREES_FROM = 0.85  # auto draws a tree's children from this temperature up: halfway between the two measured
 
@@ -97,16 +98,8 @@ class Sampling:
 
 
 def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """The distribution the target samples from: softmax(logits / T), restricted to the top-p nucleus."""
-    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # keep a token while the mass before it is below top_p (the most likely token always stays)
-        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= sampling.top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    """The distribution the target samples from under ``sampling`` (:func:`eyas.sampling.sampling_probs`)."""
+    return sampling_probs(logits, sampling.temperature, sampling.top_p)
 
 
 def chain_verdict(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,14 +139,6 @@ def _accepted_path(agrees: torch.Tensor, parents: torch.Tensor, depths: torch.Te
         up.append(parent_rows.index_select(0, up[-1]))
     steps_up = (accepted - torch.arange(levels + 1, device=agrees.device)).clamp(min=0)
     return deepest, accepted, torch.cat(up).index_select(0, steps_up)
-
-
-def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """One token from each row of ``probs`` [..., V] (need not sum to 1) at ``uniforms`` [...] in [0, 1): the row's
-    cumulative sum inverted there, in float64 — a token of zero mass is never drawn. On the device, no host read."""
-    cumulative = probs.double().cumsum(-1)
-    point = uniforms.double().unsqueeze(-1) * cumulative[..., -1:]
-    return torch.searchsorted(cumulative, point, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def _bonus(residuals: torch.Tensor, fallback: torch.Tensor, row: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

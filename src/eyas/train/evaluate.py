@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from eyas.drafter.loss import StepResult, step_loss, target_signal
 from eyas.drafter.ttt import shift_left, ttt_steps
+from eyas.sampling import sampling_probs
 
 ANSWER_START = 128  # tokens: what `eyas bench`'s short runs decode of an answer
 
@@ -50,7 +51,7 @@ def drawn_acceptance(logits: torch.Tensor, tempered: torch.Tensor, loss_mask: to
     the target's distribution at ``temperature`` read at the draft tokens ``tempered`` [B, T, Vd] where the step
     predicts (as :func:`eyas.drafter.loss.step_loss` aligns them); 0 where that is past an answer."""
     shift = 1 + step
-    drafter = torch.softmax(logits.float() / temperature, dim=-1)
+    drafter = sampling_probs(logits, temperature)
     kept = torch.minimum(shift_left(tempered, shift), drafter).sum(-1)
     return torch.where(shift_left(loss_mask, shift + 1) > 0, kept, 0.0)
 
