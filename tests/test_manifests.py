@@ -3,8 +3,10 @@ places gone, it still serves every later stage."""
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,6 +165,17 @@ def test_git_commit_is_the_checkouts_and_none_without_git(monkeypatch):
         assert git_commit() is None
     finally:
         git_commit.cache_clear()
+
+
+def test_a_copy_outside_git_records_the_commit_its_environment_names(tmp_path):
+    """A device machine gets the source tree without .git: EYAS_COMMIT names its commit (hex only)."""
+    shutil.copytree(Path(eyas.__file__).resolve().parent, tmp_path / "src" / "eyas",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    ask = "from eyas.manifest import git_commit; print(git_commit())"
+    for named, recorded in (("92664AE", "92664ae"), ("not-a-commit", "None"), ("", "None")):
+        env = {**os.environ, "PYTHONPATH": str(tmp_path / "src"), "EYAS_COMMIT": named}
+        done = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
+        assert done.stdout.strip() == recorded
 
 
 def test_capture_resumes_into_a_store_whose_data_dir_moved_and_refuses_other_data(target, tmp_path):
