@@ -155,6 +155,7 @@ def test_features_dir_carries_its_vocabulary_and_run_dir_the_target_facts(stages
 
 
 def test_git_commit_is_the_checkouts_and_none_without_git(monkeypatch):
+    monkeypatch.delenv("EYAS_COMMIT", raising=False)
     root = Path(eyas.__file__).resolve().parents[2]
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     git_commit.cache_clear()
@@ -167,8 +168,9 @@ def test_git_commit_is_the_checkouts_and_none_without_git(monkeypatch):
         git_commit.cache_clear()
 
 
-def test_a_copy_outside_git_records_the_commit_its_environment_names(tmp_path):
-    """A device machine gets the source tree without .git: EYAS_COMMIT names its commit (hex only)."""
+def test_the_commit_the_environment_names_comes_first(tmp_path):
+    """A device machine gets a copy of the source tree without .git, or with another commit's: EYAS_COMMIT names the
+    tree's commit (hex only; anything else is not a commit), in a checkout too."""
     shutil.copytree(Path(eyas.__file__).resolve().parent, tmp_path / "src" / "eyas",
                     ignore=shutil.ignore_patterns("__pycache__"))
     ask = "from eyas.manifest import git_commit; print(git_commit())"
@@ -176,6 +178,10 @@ def test_a_copy_outside_git_records_the_commit_its_environment_names(tmp_path):
         env = {**os.environ, "PYTHONPATH": str(tmp_path / "src"), "EYAS_COMMIT": named}
         done = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
         assert done.stdout.strip() == recorded
+    checkout = Path(eyas.__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(checkout / "src"), "EYAS_COMMIT": "abc1234"}
+    done = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip() == "abc1234"
 
 
 def test_capture_resumes_into_a_store_whose_data_dir_moved_and_refuses_other_data(target, tmp_path):

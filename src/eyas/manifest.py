@@ -179,13 +179,15 @@ def jsonable(value):
 
 @functools.cache
 def git_commit() -> str | None:
-    """The commit of the eyas source tree: ``git rev-parse HEAD`` of the checkout holding src/, or, for a copy of it
-    outside git (a device machine gets the tree without .git), the commit the environment names in ``EYAS_COMMIT``
-    (hex, 7–64 digits); an installed package without either: None."""
+    """The commit of the eyas source tree: the one the environment names in ``EYAS_COMMIT`` (hex, 7–64 digits) — the
+    device scripts set it, since a copy of the tree on a device machine has no .git or another commit's — else ``git
+    rev-parse HEAD`` of the checkout holding src/; an installed package without either: None."""
+    named = os.environ.get("EYAS_COMMIT", "").strip().lower()
+    if re.fullmatch(r"[0-9a-f]{7,64}", named):
+        return named
     root = Path(__file__).resolve().parents[2]  # src/eyas/manifest.py → the checkout holding src/
     if not (root / ".git").exists() or not (root / "src" / "eyas").is_dir():
-        named = os.environ.get("EYAS_COMMIT", "").strip().lower()
-        return named if re.fullmatch(r"[0-9a-f]{7,64}", named) else None
+        return None
     try:
         done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):  # no git, or it hung
