@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 import torch
 
@@ -116,6 +117,17 @@ def draw_without_replacement(probs: torch.Tensor, uniforms: torch.Tensor, k: int
     return largest(torch.log(probs) + noise, k)[1]
 
 
+class Level(NamedTuple):
+    """One depth's drafter pass and draws, as constants on the device."""
+
+    hosts: torch.Tensor  # the nodes at this depth that draw children [h]
+    parent_rows: torch.Tensor  # each host's parent's row in the previous pass's output [h]
+    drawn: int  # children drawn per host (the most any of them keeps)
+    picks: torch.Tensor  # which draws are nodes: row·drawn + rank, in node order
+    first: int  # the first of those nodes
+    window: torch.Tensor  # the pass's mask over the speculative entries written before it and its own [h, written + h]
+
+
 class DrawnTree:
     """A :class:`DrawnTreeShape`'s constants on the device, and :meth:`draw`, one round's drawn tree."""
 
@@ -123,9 +135,7 @@ class DrawnTree:
         self.shape = shape
         as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
         self.parents, self.depths = as_tensor(shape.parents), as_tensor(shape.depths)
-        # per depth with hosts: (hosts, their parents' rows in the last pass, children drawn per host, which draws are
-        # nodes — row·drawn + rank, in node order —, the first such node, the pass's window)
-        self.levels = []
+        self.levels: list[Level] = []  # per depth with hosts
         self.hosts = as_tensor([h for level in shape.hosts for h in level])
         passes: list[int] = []  # the hosts run so far, in the order their drafter entries were written
         for depth, hosts in enumerate(shape.hosts):
@@ -142,7 +152,8 @@ class DrawnTree:
                     window[row, column] = self._descends(h, written)
                 window[row, len(passes) + row] = True
             first = shape.depths.index(depth + 1)  # nodes are ordered by depth: the children of this depth's hosts
-            self.levels.append((as_tensor(hosts), as_tensor(parent_rows), drawn, as_tensor(picks), first, window.to(device)))
+            self.levels.append(Level(as_tensor(hosts), as_tensor(parent_rows), drawn, as_tensor(picks), first,
+                                     window.to(device)))
             if depth:
                 passes += hosts
 
@@ -163,19 +174,17 @@ class DrawnTree:
         uniforms = uniforms.view(-1, drafter.drafter.d2t.shape[0])  # a row per host
         ids = torch.zeros(self.shape.nodes + 1, dtype=torch.long, device=drafter.device)
         rows, written, drawn_rows = [], 0, 0
-        level_hidden = hidden  # the pre-norm rows of the last pass, one per host it ran
+        pre_norm = hidden  # the rows q is read from: the root's, then those of each pass's hosts
         for depth, (hosts, parent_rows, drawn, picks, first, window) in enumerate(self.levels):
-            frontier = hidden if depth == 0 else level_hidden
             if depth:  # hosts at this depth run the drafter from their parents' pre-norm rows and their own tokens
                 tokens = drafter.drafter.to_target_ids(ids.index_select(0, hosts)).view(1, -1)
                 at = (base + depth).expand(1, len(hosts))
-                frontier, _, _ = drafter.speculate(level_hidden.index_select(1, parent_rows), tokens, at, committed,
-                                                   written, window, 0)
+                pre_norm = drafter.speculate(pre_norm.index_select(1, parent_rows), tokens, at, committed, written,
+                                             window, 0)[0]
                 written += len(hosts)
-            q = chances(drafter.logits(frontier))  # [hosts, Vd]
+            q = chances(drafter.logits(pre_norm))  # [hosts, Vd]
             children = draw_without_replacement(q, uniforms[drawn_rows : drawn_rows + len(hosts)], drawn)
-            ids[first : first + len(picks)] = children.flatten().index_select(0, picks)
+            ids[first : first + len(picks)] = children.flatten().index_select(0, picks)  # in draw order
             rows.append(q)
             drawn_rows += len(hosts)
-            level_hidden = frontier
         return ids[1:], torch.cat(rows)
