@@ -141,6 +141,20 @@ def _accepted_path(agrees: torch.Tensor, parents: torch.Tensor, depths: torch.Te
     return deepest, accepted, torch.cat(up).index_select(0, steps_up)
 
 
+def _earlier_siblings(parents: torch.Tensor) -> torch.Tensor:
+    """[n, n] bool: node s is a sibling of node c tried before it (same parent, earlier in node order), at [c, s]."""
+    order = torch.arange(len(parents), device=parents.device)
+    return (parents.view(1, -1) == parents.view(-1, 1)) & (order.view(1, -1) < order.view(-1, 1))
+
+
+def _tried_path(coin_up: torch.Tensor, earlier: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The accepted path (:func:`_accepted_path`'s outputs) from each child's coin [n]: a child is accepted when its coin
+    came up and it was tried, i.e. every earlier sibling's coin (``earlier``: :func:`_earlier_siblings`) did not."""
+    first_up = coin_up & ~(earlier & coin_up.view(1, -1)).any(-1)
+    return _accepted_path((parents < 0) | first_up, parents, depths, levels)
+
+
 def _bonus(residuals: torch.Tensor, fallback: torch.Tensor, row: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """The bonus token [1] drawn at ``uniform`` [1] from ``residuals``' row ``row`` [1] — or, where rounding left that
     row no mass, from the same row of ``fallback``."""
@@ -202,15 +216,12 @@ def tree_sampled(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tens
     ``depths`` [n] as :func:`tree_verdict`'s, the target's distributions at every node ``probs`` [n, V],
     ``uniforms`` [n] (node c's coin at c, the bonus's at 0) → (drafts accepted [1], bonus [1], path). Siblings are
     tried in node order (best-scored first)."""
-    n = len(tokens)
     parent_rows = parents.clamp(min=0)
     chance = probs.index_select(0, parent_rows).gather(1, tokens.view(-1, 1))[:, 0]  # p(c) under its parent's p
-    order = torch.arange(n, device=tokens.device)
-    earlier = (parents.view(1, -1) == parents.view(-1, 1)) & (order.view(1, -1) < order.view(-1, 1))  # [c, sibling]
+    earlier = _earlier_siblings(parents)
     rejected_mass = (earlier.to(chance.dtype) * chance.view(1, -1)).sum(-1)
     coin_up = uniforms * (1.0 - rejected_mass).clamp(min=0.0) < chance  # u < p(c) / (1 − Σ earlier siblings' p)
-    first_up = coin_up & ~(earlier & coin_up.view(1, -1)).any(-1)  # tried, i.e. every earlier sibling rejected
-    deepest, accepted, path = _accepted_path((parents < 0) | first_up, parents, depths, levels)
+    deepest, accepted, path = _tried_path(coin_up, earlier, parents, depths, levels)
     # the bonus: the deepest accepted node's p without its children's tokens (each of them was tried and rejected)
     row = probs.index_select(0, deepest)
     tried = torch.zeros(probs.shape[-1], dtype=probs.dtype, device=probs.device)
@@ -236,7 +247,7 @@ def tree_drawn(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor
     n, h = len(tokens), len(hosts)
     device = tokens.device
     order = torch.arange(n, device=device)
-    earlier = (parents.view(1, -1) == parents.view(-1, 1)) & (order.view(1, -1) < order.view(-1, 1))  # [c, sibling]
+    earlier = _earlier_siblings(parents)
     host_row = torch.full((n,), h, dtype=torch.long, device=device).index_copy_(0, hosts, torch.arange(h, device=device))
     # child_of[host row, rank] → the child (−1: none); the root and children of no host write to a spare entry
     slot = torch.where(parents >= 0, host_row.index_select(0, parents.clamp(min=0)) * siblings + earlier.sum(-1),
@@ -261,9 +272,7 @@ def tree_drawn(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor
         judged = (exists & (q_x > 0)).view(-1, 1) & (left_mass > 0)
         residual = torch.where(judged, left / left_mass.clamp(min=1e-30), residual)
         remaining = remaining.scatter(1, token, torch.where(exists.view(-1, 1), 0.0, remaining.gather(1, token)))
-    coin_up = coin_up[:n]
-    first_up = coin_up & ~(earlier & coin_up.view(1, -1)).any(-1)  # tried, i.e. every earlier sibling rejected
-    deepest, accepted, path = _accepted_path((parents < 0) | first_up, parents, depths, levels)
+    deepest, accepted, path = _tried_path(coin_up[:n], earlier, parents, depths, levels)
     # the bonus: from what is left of the deepest accepted node's p after its children (a leaf: p itself)
     row = host_row.index_select(0, deepest)
     left = torch.cat([residual, probs.index_select(0, deepest)]).index_select(0, row)

@@ -33,14 +33,14 @@ def draft_chain(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tens
 
 
 # A drawn chain's step: the drafter's logits over its vocabulary [Vd] → (the target id drawn [1, 1], the distribution
-# it was drawn from over the target's vocabulary [V]).
+# it was drawn from over the drafter's vocabulary [Vd]).
 Draw = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def draw_chain(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
                length: torch.Tensor, valid: torch.Tensor, steps: int, draw: Draw) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`draft_chain` with each draft drawn from the drafter's distribution by ``draw`` (sampled rounds)
-    → (target ids [steps], the distribution each was drawn from [steps, V])."""
+    → (target ids [steps], the distribution each was drawn from [steps, Vd])."""
     rows = []
 
     def pick(hidden, ids):

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.drafting import ancestor_mask
 from eyas.engine.modes import tree_size
 from eyas.engine.topk import largest
 
@@ -104,9 +105,9 @@ class DrawnTreeShape:
         """The most children any node draws."""
         return max(len(self.children(node)) for level in self.hosts for node in level)
 
-    def uniforms_needed(self, draft_vocab: int) -> int:
-        """A round's uniforms: a row of Gumbel noise per host, then a coin per node and the bonus's."""
-        return self.draws * draft_vocab + self.nodes + 1
+    def noise_uniforms(self, draft_vocab: int) -> int:
+        """The uniforms a round draws its children at: a row of Gumbel noise per host (the coins come after them)."""
+        return self.draws * draft_vocab
 
 
 def draw_without_replacement(probs: torch.Tensor, uniforms: torch.Tensor, k: int) -> torch.Tensor:
@@ -137,6 +138,7 @@ class DrawnTree:
         self.parents, self.depths = as_tensor(shape.parents), as_tensor(shape.depths)
         self.levels: list[Level] = []  # per depth with hosts
         self.hosts = as_tensor([h for level in shape.hosts for h in level])
+        sees = ancestor_mask(torch.tensor(shape.parents))  # [node, node]: itself and its ancestors
         passes: list[int] = []  # the hosts run so far, in the order their drafter entries were written
         for depth, hosts in enumerate(shape.hosts):
             if not hosts:
@@ -146,23 +148,12 @@ class DrawnTree:
             parent_rows = [previous.index(shape.parents[h]) if depth else 0 for h in hosts]
             picks = [row * drawn + shape.ranks[c] for row, h in enumerate(hosts) for c in shape.children(h)]
             # a host sees the entries of its ancestors that drafted before it, and itself
-            window = torch.zeros(len(hosts), len(passes) + len(hosts), dtype=torch.bool)
-            for row, h in enumerate(hosts):
-                for column, written in enumerate(passes):
-                    window[row, column] = self._descends(h, written)
-                window[row, len(passes) + row] = True
+            window = torch.cat([sees[hosts][:, passes], torch.eye(len(hosts), dtype=torch.bool)], dim=1)
             first = shape.depths.index(depth + 1)  # nodes are ordered by depth: the children of this depth's hosts
             self.levels.append(Level(as_tensor(hosts), as_tensor(parent_rows), drawn, as_tensor(picks), first,
                                      window.to(device)))
             if depth:
                 passes += hosts
-
-    def _descends(self, node: int, ancestor: int) -> bool:
-        while node > 0:
-            node = self.shape.parents[node]
-            if node == ancestor:
-                return True
-        return False
 
     def draw(self, drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
              length: torch.Tensor, valid: torch.Tensor, chances, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

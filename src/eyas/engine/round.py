@@ -147,7 +147,7 @@ class Round:
             self._root_depth = torch.zeros(1, dtype=torch.long, device=device)
             # drawn trees: a static shape of as many nodes (eyas.engine.drawn_tree); its Gumbel rows, then the coins
             self._drawn = DrawnTree(DrawnTreeShape.best(top_k, depth, speculation.total), drafter.device)
-            self._drawn_uniforms = self._drawn.shape.uniforms_needed(len(drafter.drafter.d2t)) - self.nodes - 1
+            self._drawn_uniforms = self._drawn.shape.noise_uniforms(len(drafter.drafter.d2t))
             self.uniforms_per_round = max(self.uniforms_per_round, self._drawn_uniforms + self.nodes + 1)
             self._drawn_parents, self._drawn_depths = self._drawn.parents.to(device), self._drawn.depths.to(device)
             self._drawn_hosts = self._drawn.hosts.to(device)
@@ -276,17 +276,16 @@ class Round:
             drafts = draw(rows, uniforms)
         else:
             vocab = drafter.vocabulary()  # draft-vocabulary entry → target id
-            size = self.target.layout.lm_head.weight.shape[0]
             place = iter(range(k))
 
             def pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 chances = target_probs(logits, sampling)
                 # index_select, not vocab[token]: indexing by a 0-d tensor reads it on the host (no CUDA graph then)
-                token = vocab.index_select(0, draw(chances, uniforms[next(place)]).view(1))
-                return token, chances.new_zeros(size).index_copy_(0, vocab, chances)
+                return vocab.index_select(0, draw(chances, uniforms[next(place)]).view(1)), chances
 
             drafts, rows = draw_chain(drafter, self.aux, state.emitted.view(1, n), state.positions.view(1, n),
                                       state.drafter_length, state.valid, k, pick)
+            rows = self._over_target_vocabulary(rows)
         device = self.target.device
         return Draft(torch.cat([state.root, drafts.to(device)]), state.target_length + self.steps), rows.to(device)
 
@@ -298,12 +297,16 @@ class Round:
         ids, rows = drawn.draw(drafter, self.aux, state.emitted.view(1, n), state.positions.view(1, n),
                                state.drafter_length, state.valid, lambda logits: target_probs(logits, sampling),
                                uniforms.to(drafter.device))
-        size = self.target.layout.lm_head.weight.shape[0]
-        draft_probs = rows.new_zeros(len(rows), size).index_copy_(1, drafter.vocabulary(), rows)  # onto target ids
+        draft_probs = self._over_target_vocabulary(rows)
         device = self.target.device
         tokens = torch.cat([state.root, drafter.drafter.to_target_ids(ids).to(device)])
         depths = self._drawn_depths
         return Draft(tokens, state.target_length + depths, self._drawn_parents, depths), draft_probs.to(device)
+
+    def _over_target_vocabulary(self, rows: torch.Tensor) -> torch.Tensor:
+        """The drafter's distributions over its vocabulary [k, Vd] spread onto the target's ids [k, V] (0 elsewhere)."""
+        size = self.target.layout.lm_head.weight.shape[0]
+        return rows.new_zeros(len(rows), size).index_copy_(1, self.drafter.vocabulary(), rows)
 
     def judge(self, draft: Draft, probs: torch.Tensor, draft_probs: torch.Tensor | None, sampling: Sampling,
               uniforms: torch.Tensor) -> Verdict:
