@@ -26,7 +26,7 @@ import torch
 
 from eyas.data.benchmarks import Prompt
 from eyas.engine.acceptance import Sampling
-from eyas.engine.decode import Generation, generate
+from eyas.engine.decode import Generation, generate, warm_up
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.modes import Speculation
 from eyas.engine.target_runner import TargetRunner
@@ -147,11 +147,10 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
     chosen = decoders(modes, samplings)
     plain_at = {rule.temperature: i for i, (_, mode, rule) in enumerate(chosen) if mode is None}
     datasets: dict[str, list[ModeResult]] = {}
-    # warm-up: allocator, kernels and lazy initialisation must not land in the first timed prompt
-    if prompts:
-        warm = torch.tensor([prompts[0].input_ids])
-        for _, mode, rule in chosen:
-            generate(target, warm, 4, drafter if mode else None, mode, rule)
+    # warm-up, timed apart: compilation, recordings (each round's, each prompt length bucket's prefill), allocator and
+    # lazy initialisation must not land in a timed prompt
+    warm_seconds = warm_up(target, [torch.tensor([p.input_ids]) for p in prompts], [(m, r) for _, m, r in chosen],
+                           drafter) if prompts else 0.0
     done, partial, stopped_by = 0, None, signal.SIGINT
     try:
         with terminate_as_interrupt():
@@ -181,7 +180,8 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
     temperatures = list(plain_at)
     settings = {"modes": [m.label() for m in modes],
                 "temperature": temperatures[0] if len(temperatures) == 1 else temperatures,
-                "top_p": samplings[0].top_p, "max_new_tokens": max_new_tokens, "device": str(device), "repeats": repeats}
+                "top_p": samplings[0].top_p, "max_new_tokens": max_new_tokens, "device": str(device), "repeats": repeats,
+                "decoder": target.variant, "warm_up_seconds": round(warm_seconds, 1)}
     sampled = [s for s in samplings if not s.greedy]
     if sampled:  # which rules the sampled rounds ran
         settings["rules"] = list(dict.fromkeys(f"{s.draft_sampling} drafts, {s.verification} verification"

@@ -23,7 +23,7 @@ from eyas.engine.modes import Speculation
 from eyas.engine.round import Round
 from eyas.engine.target_runner import TargetRunner
 
-__all__ = ["Generation", "Speculation", "generate", "round_for"]
+__all__ = ["Generation", "Speculation", "generate", "round_for", "warm_up"]
 
 
 @dataclass
@@ -103,6 +103,28 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
     decoding_round.begin(prompt, aux, token)
     _rounds(burst, output, sampling, generator)
     return output.generation
+
+
+@torch.no_grad()
+def warm_up(target: TargetRunner, prompts: Iterable[torch.Tensor], decoders: Iterable[tuple], drafter=None) -> float:
+    """Everything a decoder does once before it runs at speed, done now → the seconds it took: a few tokens of each
+    ``(speculation or None, sampling)`` decoder (its round recorded, and with compile, compiled) and a prefill of
+    each distinct prompt length bucket (its recording). Timings taken afterwards are decoding alone."""
+    import time
+
+    prompts = list(prompts)
+    began = time.perf_counter()
+    for speculation, sampling in decoders:
+        generate(target, prompts[0], 4, drafter if speculation else None, speculation, sampling)
+    seen = set()
+    for i, prompt in enumerate(prompts):
+        bucket = next((b for b in target.PREFILL_BUCKETS if b >= prompt.shape[1]), prompt.shape[1])
+        if bucket not in seen and i:  # the first prompt's was recorded above
+            target.prefill(prompt)
+        seen.add(bucket)
+    if target.device.type == "cuda":
+        torch.cuda.synchronize(target.device)
+    return time.perf_counter() - began
 
 
 def _rounds(burst: Burst, output: _Output, sampling: Sampling, generator: torch.Generator) -> None:

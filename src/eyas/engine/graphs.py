@@ -17,7 +17,8 @@ step, recorded late, had its proposals overwritten by the next steps' scratch. T
 which is what the CPU tests exercise.
 
 ``compile``: each step is first compiled by ``torch.compile`` (inductor fuses the norms, rotary
-embeddings and activations that make up most of the launches), then recorded.
+embeddings and activations that make up most of the launches), keeping eager's bf16 rounding between the
+fused ops (:func:`compiled`), then recorded.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class StepGraphs:
             return False
 
     def _record(self, step: Step):
-        fn = torch.compile(step, dynamic=False) if self.compile else step
+        fn = compiled(step) if self.compile else step
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -113,6 +114,30 @@ class StepGraphs:
         with torch.cuda.graph(graph):  # a private pool: see the module's note
             outputs = fn()
         return graph, outputs
+
+
+def compiled(step: Step) -> Step:
+    """``step`` under torch.compile as the engine compiles its rounds: fixed shapes, and eager's rounding kept.
+
+    In bf16 every eager op rounds its output to bf16; inductor, fusing ops into one kernel, keeps what is between
+    them in fp32 unless told to round there too (``emulate_precision_casts``). The unrounded kernels are no more
+    wrong, but they are different: a compiled round's drafter scored its tree differently from the eager round's
+    on the same inputs (the RMSNorms, SiLU·up, the residual adds), so compiled and eager decoders chose other
+    drafts and forked into other answers. With eager's rounding kept, the compiled round is the eager round's
+    arithmetic (benchmarks/round_agreement.py compares them round by round)."""
+    use_persistent_compile_cache()
+    return torch.compile(step, dynamic=False, options={"emulate_precision_casts": True})
+
+
+def use_persistent_compile_cache() -> None:
+    """Keep torch.compile's caches (FX graphs, Triton kernels) in the eyas cache, ``$EYAS_CACHE/inductor``, unless
+    ``TORCHINDUCTOR_CACHE_DIR`` says otherwise: a later process that compiles the same round on the same GPU
+    and torch loads the compiled kernels instead of compiling them again (torch's default lives under /tmp)."""
+    import os
+
+    from eyas.target.gguf import cache_dir
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
 
 
 class InputBuffer:

@@ -87,6 +87,13 @@ class TargetRunner:
         self._hooks = self.taps.hooks(layout, [self._store(i) for i in range(len(self.taps))])
 
     @property
+    def variant(self) -> str:
+        """How decoding steps run, as reports name it: ``compile``, ``graphs`` or ``eager`` (a recording that failed
+        turned graphs off), then ``+lean`` when the fused Llama forward serves."""
+        kind = "compile" if self.graphs.compile else "graphs" if self.graphs.enabled else "eager"
+        return kind + ("+lean" if self.fused is not None else "")
+
+    @property
     def aux(self) -> torch.Tensor:
         """The aux states [1, capacity, k·Ht] of the last forward's tokens, in rows [0, n): rewritten by every forward."""
         return self._aux
