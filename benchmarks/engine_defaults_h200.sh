@@ -8,7 +8,7 @@
 # ~/stage/draft: releases/smollm2-135m-eagle3 carried), PROMPTS (5) and TOKENS (512); each STEP logs to $OUT/STEP.log:
 #   agreement  benchmarks/round_agreement.py: teacher-forced rounds of compile+lean, unrounded+lean (a plain
 #              torch.compile) and lean against the eager round (the model's forward), chain:5 and tree:60,7,10
-#   speed      benchmarks/engine_speed.py --variants graphs,compile+lean --repeats 2 (bf16), chain:5,tree:60,7,10
+#   speed      benchmarks/engine_speed.py --variants ${SPEED_VARIANTS:-graphs,compile+lean} --repeats 2 (bf16), chain:5,tree:60,7,10
 #   fp32       the same in fp32, compile+lean only: trees still equal plain decoding
 #   bench      `eyas bench` with no speed flags on the same prompts and modes (T = 0 and T = 1, its defaults)
 #   kernels    engine_speed.py --kernels on compile+lean tree:60,7,10: the round's kernels and its launch vs GPU time
@@ -27,7 +27,7 @@ for step in "$@"; do
                  --answer-tokens "$TOKENS" --stride "${STRIDE:-8}" --modes "$MODES" \
                  --variants "${VARIANTS:-compile+lean,unrounded+lean,lean}" --out "$OUT/agreement.json" ;;
     speed) python3 benchmarks/engine_speed.py --target "$TARGET" --draft "$DRAFT" --prompts "$PROMPTS" \
-             --max-new-tokens "$TOKENS" --variants graphs,compile+lean --repeats 2 --modes "$MODES" --no-transformers \
+             --max-new-tokens "$TOKENS" --variants ${SPEED_VARIANTS:-graphs,compile+lean} --repeats 2 --modes "$MODES" --no-transformers \
              --out "$OUT/speed.json" ;;
     fp32) python3 benchmarks/engine_speed.py --target "$TARGET" --draft "$DRAFT" --prompts "$PROMPTS" \
             --max-new-tokens "$TOKENS" --variants compile+lean --dtype fp32 --modes tree:60,7,10 --no-transformers \

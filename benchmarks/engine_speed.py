@@ -64,6 +64,8 @@ def measure(device: torch.device, decode, prompts: list[torch.Tensor], after_war
     for ids in prompts:
         decode(ids)
     after_warm_up()
+    gc.collect()
+    gc.freeze()  # as eyas.engine.decode.warm_up does: no collection walks the compiler's objects while timed
     rates, each, outputs = [], [], []
     with gc_watch() as gc_seconds:
         for _ in range(repeats):

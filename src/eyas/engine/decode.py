@@ -11,6 +11,7 @@ target's distribution.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -124,6 +125,10 @@ def warm_up(target: TargetRunner, prompts: Iterable[torch.Tensor], decoders: Ite
         seen.add(bucket)
     if target.device.type == "cuda":
         torch.cuda.synchronize(target.device)
+    # the compiler leaves millions of objects behind, and a full collection walking them would stall whichever decode
+    # it fell in: what is alive now is frozen out of the collector's walks (vLLM does the same after recording graphs)
+    gc.collect()
+    gc.freeze()
     return time.perf_counter() - began
 
 
