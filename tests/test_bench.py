@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import zoo
@@ -40,7 +41,7 @@ def test_bench_reports_tau_speed_and_losslessness(setup, monkeypatch):
     monkeypatch.setattr(eyas.engine.loading, "load_engine", lambda *a, **k: capacities.append(a[2]) or load(*a, **k))
     result = CliRunner().invoke(app, ["bench", "--target", target, "--draft", str(root / "draft"), "--out", str(root / "report"),
                                       "--dataset", "sharegpt-holdout", "--data", str(data), "--mode", "chain:3,tree:8,3,3",
-                                      "--max-new-tokens", "12", "--device", "cpu", "--repeats", "2"])
+                                      "--max-new-tokens", "12", "--device", "cpu", "--dtype", "fp32", "--repeats", "2"])
     assert result.exit_code == 0, result.output
     report = json.loads((root / "report" / "report.json").read_text())
     assert report["settings"]["repeats"] == 2
@@ -112,7 +113,7 @@ def test_generate_streams_the_same_tokens_with_and_without_a_drafter(setup):
     from eyas.engine.decode import Speculation, generate
     from eyas.engine.loading import load_engine, prompt_tensor
 
-    engine = load_engine(target, root / "draft", 128, "cpu")
+    engine = load_engine(target, root / "draft", 128, "cpu", dtype="fp32")
     streamed: list[int] = []
     ids = prompt_tensor(list(np.arange(1, 11)))
     with_draft = generate(engine.target_runner, ids, 16, engine.draft_runner, Speculation("tree", top_k=3, depth=3, total=8),
@@ -144,7 +145,8 @@ def test_generate_json_gives_ids_text_and_with_a_drafter_tau_and_rounds(tmp_path
                                          draft_vocab_size=200, layer_ids=[2, 15, 27]))
     config = draft_config(drafter.config, "llama", 30, "fp32")
     write_draft_dir(tmp_path / "draft", config, draft_tensors(weights(drafter), config, "fp32"), "")
-    common = ["generate", "Name a colour.", "--target", "demo", "--max-new-tokens", "6", "--device", "cpu", "--json"]
+    common = ["generate", "Name a colour.", "--target", "demo", "--max-new-tokens", "6", "--device", "cpu", "--dtype", "fp32",
+              "--json"]
     alone = CliRunner().invoke(app, common)
     speculated = CliRunner().invoke(app, [*common, "--draft", str(tmp_path / "draft"), "--mode", "chain:2"])
     assert alone.exit_code == 0 and speculated.exit_code == 0, alone.output + speculated.output
@@ -153,3 +155,67 @@ def test_generate_json_gives_ids_text_and_with_a_drafter_tau_and_rounds(tmp_path
     assert 0 < len(plain["token_ids"]) <= 6 and plain["text"].strip()
     assert spec["token_ids"] == plain["token_ids"] and spec["text"] == plain["text"]
     assert spec["tau"] >= 1.0 and spec["rounds"] >= 1
+
+
+@pytest.mark.parametrize(("device", "native", "expected"), [
+    ("cuda", False, torch.bfloat16), ("cpu", True, torch.bfloat16), ("cpu", False, torch.float32)])
+def test_auto_decodes_in_bf16_on_cuda_and_on_a_cpu_with_native_bf16_else_fp32(monkeypatch, device, native, expected):
+    import eyas.engine.loading as loading
+
+    monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda: native)
+    assert loading.decoding_dtype(device) == loading.decoding_dtype(device, "auto") == expected
+    assert loading.decoding_dtype(device, "fp32") == torch.float32 and loading.decoding_dtype(device, "bf16") == torch.bfloat16
+
+
+@pytest.mark.parametrize(("flags", "native"), [({"avx512_bf16": True}, True), ({"amx_bf16": True, "avx512_bf16": False}, True),
+                                               ({"avx512_f": True, "avx2": True}, False), ({}, False)])
+def test_native_bf16_means_avx512_bf16_or_amx(monkeypatch, flags, native):
+    import eyas.engine.loading as loading
+
+    monkeypatch.setattr(loading, "cpu_capabilities", lambda: flags)
+    assert loading.cpu_has_native_bf16() is native
+
+
+def test_cpuinfo_flags_stand_in_for_a_torch_without_get_capabilities(monkeypatch, tmp_path):
+    import eyas.engine.loading as loading
+
+    monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert loading.cpu_capabilities(cpuinfo) == {"fpu": True, "avx2": True, "avx512f": True, "avx512_bf16": True}
+    assert loading.cpu_capabilities(tmp_path / "absent") == {}
+
+
+@pytest.mark.parametrize(("flag", "native", "dtype"), [("bf16", False, "bfloat16"), ("fp32", True, "float32"),
+                                                       ("auto", True, "bfloat16"), ("auto", False, "float32")])
+def test_dtype_option_is_what_the_bench_decodes_in_and_its_report_says(setup, monkeypatch, tmp_path, flag, native, dtype):
+    import eyas.engine.loading as loading
+
+    root, target, data = setup
+    monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda: native)
+    result = CliRunner().invoke(app, ["bench", "--target", target, "--draft", str(root / "draft"), "--out", str(tmp_path / "r"),
+                                      "--dataset", "sharegpt-holdout", "--data", str(data), "--prompts", "1", "--mode",
+                                      "chain:2", "--max-new-tokens", "4", "--device", "cpu", "--temperature", "0",
+                                      "--dtype", flag])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["settings"]["dtype"] == dtype
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert f"- dtype: {dtype}" in text
+    # in bf16 a greedy answer that parts from plain decoding's is rounding, and the report says so beside the count
+    assert ("equality is guaranteed in float32" in text) == (dtype == "bfloat16")
+
+
+def test_generate_loads_the_target_in_the_dtype_asked(monkeypatch):
+    import eyas.target.loading
+
+    asked = []
+
+    def load_target(*args, dtype=None, **kwargs):
+        asked.append(dtype)
+        raise EyasError("loaded far enough")
+
+    monkeypatch.setattr(eyas.target.loading, "load_target", load_target)
+    for flag in ("bf16", "fp32"):
+        result = CliRunner().invoke(app, ["generate", "Hi", "--target", "demo", "--device", "cpu", "--dtype", flag])
+        assert "loaded far enough" in result.output
+    assert asked == [torch.bfloat16, torch.float32]

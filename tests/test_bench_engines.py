@@ -36,7 +36,8 @@ def fake_vllm(monkeypatch, tmp_path):
 def bench(made, out, *flags):
     root, target, data = made
     return CliRunner().invoke(app, ["bench", "--target", target, "--out", str(out), "--dataset", "sharegpt-holdout",
-                                    "--data", str(data), "--max-new-tokens", "10", "--device", "cpu", *flags])
+                                    "--data", str(data), "--max-new-tokens", "10", "--device", "cpu", "--dtype", "fp32",
+                                    *flags])  # fp32: eyas' greedy answers equal plain decoding's and the engines' ones
 
 
 def test_vllm_beside_eyas_levels_tau_and_token_equality(setup, fake_vllm, tmp_path):  # noqa: F811

@@ -1,5 +1,6 @@
 """On a CPU the two vocabulary projections of decoding (the target's lm_head in the fused forward, the drafter's) read
-their weights prepacked for oneDNN: the same logits as F.linear to float32 rounding, any number of rows."""
+their weights prepacked for oneDNN: the same logits as F.linear to the dtype's rounding (float32, bf16), any number of
+rows."""
 
 import pytest
 import torch
@@ -22,10 +23,29 @@ def test_a_packed_head_gives_f_linears_logits(rows):
     assert torch.allclose(head(x), F.linear(x, linear.weight), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 4, 17])
+def test_a_packed_bf16_head_gives_f_linears_logits_to_bf16_rounding(rows):
+    linear = torch.nn.Linear(64, 1000, bias=False).bfloat16()
+    head = packed_head(linear)
+    assert head is not None and head is not linear
+    x = torch.randn(2, rows, 64).bfloat16()
+    assert head(x).dtype == torch.bfloat16
+    assert torch.allclose(head(x).float(), F.linear(x, linear.weight).float(), rtol=1.6e-2, atol=1.6e-2)
+
+
+def test_a_compiled_packed_head_traces_f_linear():
+    """inductor cannot lower oneDNN's prepacked weight: under torch.compile the head is F.linear over the same weight."""
+    linear = torch.nn.Linear(64, 1000, bias=False).bfloat16()
+    head = packed_head(linear)
+    x = torch.randn(1, 3, 64).bfloat16()
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(head, dynamic=False)(x), torch.compile(lambda x: F.linear(x, linear.weight))(x))
+
+
 def test_no_packed_head_where_it_does_not_apply():
-    half = torch.nn.Linear(64, 100, bias=False).bfloat16()
+    half = torch.nn.Linear(64, 100, bias=False).half()
     biased = torch.nn.Linear(64, 100)
-    assert packed_head(half) is None and vocab_head(half) is half  # half precision keeps its own matmul
+    assert packed_head(half) is None and vocab_head(half) is half  # fp16 keeps its own matmul
     assert packed_head(biased) is None and vocab_head(biased) is biased
 
 

@@ -173,7 +173,7 @@ def test_bench_in_real_vllm_agrees_with_eyas_and_quotes_a_refusal(root):
     out = root / "bench-vllm"
     done = _eyas("bench", "--target", target, "--draft", str(draft), "--out", str(out), "--engine", "eyas,vllm",
                  "--vllm-python", _vllm_python(), "--dataset", "sharegpt-holdout", "--data", str(root / "data"),
-                 "--mode", "chain:2", "--concurrency", "1,2", "--max-new-tokens", "12", "--device", "cpu")
+                 "--mode", "chain:2", "--concurrency", "1,2", "--max-new-tokens", "12", "--device", "cpu", "--dtype", "fp32")
     assert done.returncode == 0, done.stderr[-3000:]
     engines = json.loads((out / "report.json").read_text())["engines"]
     assert {(r["mode"], r["concurrency"]) for r in engines["rows"]} == {("plain", 1), ("plain", 2), ("chain:2", 1),

@@ -116,13 +116,14 @@ def generate(o: GenerateOptions) -> None:
     from eyas.data.benchmarks import render
     from eyas.data.render import read_chat_template
     from eyas.engine.decode import generate as decode
+    from eyas.engine.decode import warm_up
     from eyas.engine.loading import load_engine, load_target_for, prompt_tensor
     from eyas.engine.modes import parse_mode, target_capacity
 
     speculation = parse_mode(o.mode)
     o.sampling().check_mode(speculation.mode)  # before anything loads
     template = read_chat_template(o.chat_template)
-    loaded = load_target_for(o.draft, o.target, device=o.device, trust_remote_code=o.trust_remote_code)
+    loaded = load_target_for(o.draft, o.target, device=o.device, trust_remote_code=o.trust_remote_code, dtype=o.dtype)
     ids = render(loaded.tokenizer, o.prompt, template)
     engine = load_engine(o.target, o.draft, target_capacity(len(ids), o.max_new_tokens, [speculation]), o.device,
                          o.trust_remote_code, target=loaded, graphs=o.graphs, compile=o.compile, lean=o.lean,
@@ -139,8 +140,13 @@ def generate(o: GenerateOptions) -> None:
         sys.stdout.flush()
         printed = text
 
+    prompt = prompt_tensor(ids)
+    runner = engine.target_runner
+    if runner.graphs.enabled:  # recording (and compiling) the rounds first, timed apart from the answer's tok/s
+        warm = warm_up(runner, [prompt], [(speculation if o.draft else None, o.sampling())], engine.draft_runner)
+        err_console.print(f"warm-up ({runner.variant}): {warm:.1f} s", highlight=False)
     start = time.perf_counter()
-    result = decode(engine.target_runner, prompt_tensor(ids), o.max_new_tokens, engine.draft_runner,
+    result = decode(engine.target_runner, prompt, o.max_new_tokens, engine.draft_runner,
                     speculation if o.draft else None, o.sampling(), engine.stop_ids,
                     None if o.as_json else stream)
     seconds = time.perf_counter() - start

@@ -156,7 +156,7 @@ def force_option() -> Any:
 
 @dataclass(kw_only=True)
 class EngineOptions(Options):
-    """How eyas' engine decodes (``eyas bench``, ``eyas generate``): sampling, answer length, device, CUDA graphs."""
+    """How eyas' engine decodes (``eyas bench``, ``eyas generate``): sampling, answer length, device, dtype, CUDA graphs."""
 
     temperature: float = option(0.0, "sampling temperature; 0 = greedy (eyas bench then also compares the outputs with "
                                 "plain decoding)", check=at_least(0))
@@ -176,11 +176,18 @@ class EngineOptions(Options):
                                check=one_of(*VERIFICATION))
     device: str | None = option(None, "where the target and drafter run: cuda, cuda:N or cpu (default: cuda when "
                                 "available)", check=DEVICE)
+    dtype: str = option("auto", "what the target and drafter decode in: bf16, fp32, or auto = bf16 on CUDA and on a CPU "
+                        "with native bf16 matrix multiplies (AVX-512 BF16 or AMX: a forward of a few tokens then costs "
+                        "what one costs), else fp32. Greedy speculation equals plain decoding token for token only in "
+                        "fp32 (in bf16 a near-tie may round differently in a one-token and a k-token forward)",
+                        check=one_of("auto", "bf16", "fp32"))
     trust_remote_code: bool = remote_code()
     chat_template: Path | None = chat_template_file()
     graphs: bool = option(True, "on CUDA, replay decoding rounds from CUDA graphs", flag="--graphs/--no-graphs")
-    compile: bool = option(False, "on CUDA, fuse each decoding round with torch.compile before recording it "
-                           "(faster rounds; each mode compiles once)", flag="--compile/--no-compile")
+    compile: bool = option(True, "on CUDA, fuse each decoding round with torch.compile before recording it: the "
+                           "fastest rounds, after a warm-up of about a minute per mode that is timed apart and cached "
+                           "on disk for later runs (--no-compile: record the model's own kernels, no warm-up)",
+                           flag="--compile/--no-compile")
     lean: bool = option(True, "decode Llama-family targets through eyas' fused Llama forward (q/k/v and gate/up one "
                         "matmul each); --no-lean: the model's own forward", flag="--lean/--no-lean")
 

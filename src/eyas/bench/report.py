@@ -52,6 +52,17 @@ def speedup_text(row: dict, short: bool = False) -> str:
     return text
 
 
+def equality_note(result: BenchResult) -> str | None:
+    """What "greedy == plain" means when eyas decoded in a dtype other than float32 (None in float32, or with no greedy
+    row): there a count below the prompts' is rounding, not a broken engine."""
+    dtype = result.settings.get("dtype", "float32")
+    if dtype == "float32" or all(r["matches_plain"] is None for r in rows(result)):
+        return None
+    return (f"Decoded in {dtype}: a near-tie between two tokens may round one way in a one-token forward and the other "
+            "in a k-token verify, so a greedy answer may part from plain decoding's without anything being wrong; "
+            "token-for-token equality is guaranteed in float32 (--dtype fp32).")
+
+
 def markdown(result: BenchResult, header: dict) -> str:
     lines = [f"# eyas bench — {header.get('target')} with {header.get('draft')}", ""]
     if result.partial:
@@ -63,6 +74,8 @@ def markdown(result: BenchResult, header: dict) -> str:
         same = "—" if r["matches_plain"] is None else f"{r['matches_plain']}/{r['prompts']}"
         lines.append(f"| {r['dataset']} | {r['temperature']:g} | {r['mode']} | {r['prompts']} | {r['tau']:.3f} | "
                      f"{r['tokens_per_second']:.1f} | {r['plain_tokens_per_second']:.1f} | {speedup_text(r)} | {same} |")
+    if (note := equality_note(result)) is not None:
+        lines += ["", note]
     lines += ["", "Acceptance per position (share of rounds whose accepted path reached depth i+1):", ""]
     for r in rows(result):
         lines.append(f"- {r['dataset']} T = {r['temperature']:g} {r['mode']}: "

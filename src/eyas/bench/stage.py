@@ -45,7 +45,7 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     check_space(options.out, 2**20, options.force, "the report")  # report.json, report.md, the plots: well under
     if "eyas" in engines:
         target = load_target_for(options.draft, options.target, device=options.device,
-                                 trust_remote_code=options.trust_remote_code)
+                                 trust_remote_code=options.trust_remote_code, dtype=options.dtype)
         tokenizer, stops = target.tokenizer, None
     else:  # the engines and servers load the target themselves: eyas needs its tokenizer only
         target, (tokenizer, stops) = None, _tokenizer_and_stops(options.target, options.trust_remote_code,
