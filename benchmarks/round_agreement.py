@@ -34,6 +34,9 @@ from eyas.engine.loading import load_engine
 from eyas.engine.modes import parse_modes, target_capacity
 from eyas.target.loading import load_target
 
+# a variant's compiler: as the engine compiles its rounds, or a plain torch.compile (what the engine did before)
+COMPILERS = {"compile": compiled_step, "unrounded": lambda step: torch.compile(step, dynamic=False)}
+
 
 def one_round(decoding_round) -> tuple[torch.Tensor, ...]:
     """Draft → verify → accept, nothing committed → (draft tokens, parents or empty, target argmax [n], accepted)."""
@@ -78,12 +81,11 @@ def main() -> None:
                      for m in range(0, len(answer), args.stride)]
     print(f"{len(contexts)} contexts from {len(prompts)} prompts", flush=True)
 
-    def rounds_of(engine, compiled: bool, mode, raw: bool = False) -> list[tuple]:
+    def rounds_of(engine, mode, wrap=lambda step: step) -> list[tuple]:
+        """One round from every context; ``wrap``: how the round runs (eagerly, or compiled one way or the other)."""
         runner = engine.target_runner
         decoding_round, _ = round_for(runner, engine.draft_runner, mode)
-        step = lambda: one_round(decoding_round)  # noqa: E731
-        if compiled:
-            step = torch.compile(step, dynamic=False) if raw else compiled_step(step)
+        step = wrap(lambda: one_round(decoding_round))
         out = []
         with torch.no_grad():
             for context in contexts:
@@ -94,7 +96,7 @@ def main() -> None:
     results = {}
     for mode in modes:
         began = time.perf_counter()
-        ref = rounds_of(reference, False, mode)
+        ref = rounds_of(reference, mode)
         reference_tau = 1 + sum(int(r[3]) for r in ref) / len(ref)
         results[mode.label()] = {"reference": {"tau": reference_tau}}
         print(f"{mode.label()}: reference (eager, the model's forward) teacher-forced τ {reference_tau:.3f} "
@@ -105,7 +107,7 @@ def main() -> None:
             reference.target_runner.close()
             engine = load_engine(args.target, args.draft, capacity, args.device, dtype=dtype, target=target,
                                  graphs=False, lean="lean" in kind, modes=modes)
-            got = rounds_of(engine, "compile" in kind or "unrounded" in kind, mode, raw="unrounded" in kind)
+            got = rounds_of(engine, mode, next((COMPILERS[k] for k in kind if k in COMPILERS), lambda step: step))
             engine.target_runner.close()
             same_drafts = sum(bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])) for a, b in zip(ref, got))
             same_root = sum(bool(a[2][0] == b[2][0]) for a, b in zip(ref, got))

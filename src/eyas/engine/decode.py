@@ -117,12 +117,11 @@ def warm_up(target: TargetRunner, prompts: Iterable[torch.Tensor], decoders: Ite
     began = time.perf_counter()
     for speculation, sampling in decoders:
         generate(target, prompts[0], 4, drafter if speculation else None, speculation, sampling)
-    seen = set()
-    for i, prompt in enumerate(prompts):
-        bucket = next((b for b in target.PREFILL_BUCKETS if b >= prompt.shape[1]), prompt.shape[1])
-        if bucket not in seen and i:  # the first prompt's was recorded above
+    recorded = {target.prefill_bucket(prompts[0].shape[1]), None}  # the first prompt's above; None: eager prefills
+    for prompt in prompts[1:]:
+        if (bucket := target.prefill_bucket(prompt.shape[1])) not in recorded:
             target.prefill(prompt)
-        seen.add(bucket)
+            recorded.add(bucket)
     if target.device.type == "cuda":
         torch.cuda.synchronize(target.device)
     # the compiler leaves millions of objects behind, and a full collection walking them would stall whichever decode

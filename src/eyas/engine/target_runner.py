@@ -118,7 +118,7 @@ class TargetRunner:
         from seeing it, in slots the next forwards overwrite; only the last prompt token's logits are computed."""
         length = prompt.shape[1]
         self._check_room(0, length)
-        bucket = next((b for b in self.PREFILL_BUCKETS if b >= length), None)
+        bucket = self.prefill_bucket(length)
         if not (self.bucketed_prefill and self._allocated and self._keeps_logits and bucket is not None
                 and bucket <= self.capacity):
             causal = torch.ones(length, length, dtype=torch.long, device=self.device).tril()
@@ -139,6 +139,10 @@ class TargetRunner:
             self._zero, packed[1:].view(1, bucket), positions, self._causal[bucket], keep=packed[:1]))
         self.length = length
         return logits[0, -1], self._aux[:, :length]
+
+    def prefill_bucket(self, length: int) -> int | None:
+        """The recorded prefill length a prompt of ``length`` tokens is padded to (None: longer ones run eagerly)."""
+        return next((b for b in self.PREFILL_BUCKETS if b >= length), None)
 
     def verify(self, length: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, tree: torch.Tensor) -> torch.Tensor:
         """A decoding step, every shape fixed and no host synchronisation: ``ids`` [1, n] at ``positions`` [1, n]
