@@ -322,3 +322,30 @@ def test_caches_sized_as_the_cli_sizes_them_hold_every_round(speculation):
     with pytest.raises(Exception, match="raise max_length"):  # a drafter cache short of the answer: refused, not overrun
         generate(TargetRunner(model, layout, None, capacity), prompt, new_tokens,
                  DraftRunner(drafter, capacity - new_tokens // 2), speculation)
+
+
+def test_warm_up_starts_a_generation_at_every_prompt_length(monkeypatch):
+    """What a timed prompt would otherwise do first: each distinct prompt length is prefilled and committed to the
+    drafter in the warm-up (on a GPU the drafter's eager attention prepares itself per new length), and the
+    warm-up leaves decoding as it found it: the same answers afterwards."""
+    from eyas.engine.acceptance import Sampling
+    from eyas.engine.decode import warm_up
+
+    model = ARCHITECTURES["llama"][0]()
+    target, drafter = runners(model)
+    prompts = [prompt_of(1, 7), prompt_of(2, 12), prompt_of(3, 7), prompt_of(4, 19)]
+    before = [generate(target, p, 12, drafter, CHAIN).tokens for p in prompts]
+    committed = []
+    commit_prompt = DraftRunner.commit_prompt
+    monkeypatch.setattr(DraftRunner, "commit_prompt",
+                        lambda self, aux, *rest: committed.append(aux.shape[1] + 1) or commit_prompt(self, aux, *rest))
+    warm_up(target, prompts, [(None, Sampling()), (CHAIN, Sampling())], drafter)
+    assert sorted(set(committed)) == [7, 12, 19]
+    assert committed.count(12) == committed.count(19) == 1  # each other length once, by the first speculating decoder
+    monkeypatch.undo()
+    assert [generate(target, p, 12, drafter, CHAIN).tokens for p in prompts] == before
+
+    committed.clear()  # no decoder speculates: prefills only
+    monkeypatch.setattr(DraftRunner, "commit_prompt", lambda self, aux, *rest: committed.append(aux.shape[1] + 1))
+    warm_up(target, prompts, [(None, Sampling())], drafter)
+    assert committed == []

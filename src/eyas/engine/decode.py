@@ -109,19 +109,27 @@ def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, dr
 @torch.no_grad()
 def warm_up(target: TargetRunner, prompts: Iterable[torch.Tensor], decoders: Iterable[tuple], drafter=None) -> float:
     """Everything a decoder does once before it runs at speed, done now → the seconds it took: a few tokens of each
-    ``(speculation or None, sampling)`` decoder (its round recorded, and with compile, compiled) and a prefill of
-    each distinct prompt length bucket (its recording). Timings taken afterwards are decoding alone."""
+    ``(speculation or None, sampling)`` decoder (its round recorded, and with compile, compiled), then the start of a
+    generation at each other prompt length: the target's prefill (each length bucket's recording) and, when a decoder
+    speculates, the drafter's eager commit of the prompt (on a GPU its attention kernel prepares itself for each new
+    length, tens of milliseconds: a timed prompt of a new length would pay it). Timings taken afterwards are decoding
+    alone."""
     import time
 
-    prompts = list(prompts)
+    prompts, decoders = list(prompts), list(decoders)
     began = time.perf_counter()
     for speculation, sampling in decoders:
         generate(target, prompts[0], 4, drafter if speculation else None, speculation, sampling)
-    recorded = {target.prefill_bucket(prompts[0].shape[1]), None}  # the first prompt's above; None: eager prefills
+    speculating = next(((s, rule) for s, rule in decoders if s is not None), None) if drafter is not None else None
+    seen = {prompts[0].shape[1]}
     for prompt in prompts[1:]:
-        if (bucket := target.prefill_bucket(prompt.shape[1])) not in recorded:
+        if prompt.shape[1] in seen:
+            continue
+        seen.add(prompt.shape[1])
+        if speculating:  # the prefill, the drafter's commit of the prompt and a first round
+            generate(target, prompt, 2, drafter, *speculating)
+        else:
             target.prefill(prompt)
-            recorded.add(bucket)
     if target.device.type == "cuda":
         torch.cuda.synchronize(target.device)
     # the compiler leaves millions of objects behind, and a full collection walking them would stall whichever decode
