@@ -12,6 +12,11 @@
 #   fp32       the same in fp32, compile+lean only: trees still equal plain decoding
 #   bench      `eyas bench` with no speed flags on the same prompts and modes (T = 0 and T = 1, its defaults)
 #   kernels    engine_speed.py --kernels on compile+lean tree:60,7,10: the round's kernels and its launch vs GPU time
+#   cuts       engine_speed.py on tree:60,7,10, variants ${CUT_VARIANTS:-compile+lean+sort,compile+lean,compile+lean+combo}:
+#              the round's cost before and after a cut (+sort: proposals chosen by a sort, as before; +combo: inductor's
+#              combo kernels)
+#   wide       τ of graphs and compile+lean over ${WIDE_PROMPTS:-30} prompts × ${WIDE_TOKENS:-256} tokens (repeats 1): does the
+#              gap between the variants' τ on 5 prompts hold over more answers, or is it which answers they took
 set -uo pipefail
 TARGET=${TARGET:-~/stage/smollm2.gguf}
 DRAFT=${DRAFT:-~/stage/draft}
@@ -38,6 +43,12 @@ for step in "$@"; do
     kernels) python3 benchmarks/engine_speed.py --target "$TARGET" --draft "$DRAFT" --prompts 2 \
                --max-new-tokens "$TOKENS" --variants compile+lean --modes tree:60,7,10 --no-transformers --kernels \
                --out "$OUT/kernels/kernels.json" ;;
+    cuts) python3 benchmarks/engine_speed.py --target "$TARGET" --draft "$DRAFT" --prompts "$PROMPTS" \
+            --max-new-tokens "$TOKENS" --variants "${CUT_VARIANTS:-compile+lean+sort,compile+lean,compile+lean+combo}" \
+            --modes tree:60,7,10 --no-transformers --out "$OUT/cuts.json" ;;
+    wide) python3 benchmarks/engine_speed.py --target "$TARGET" --draft "$DRAFT" --prompts "${WIDE_PROMPTS:-30}" \
+            --max-new-tokens "${WIDE_TOKENS:-256}" --variants graphs,compile+lean --modes "$MODES" --no-transformers \
+            --out "$OUT/wide.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac > "$OUT/$step.log" 2>&1
   echo "$step: rc $? in $(( $(date +%s) - began )) s"

@@ -10,7 +10,9 @@ static, eyas speculative vs eyas plain of the same variant). Variants of eyas' e
 (no CUDA graphs), ``graphs`` (decoding steps replayed from CUDA graphs), ``compile`` (the target's
 rounds fused by torch.compile, then recorded); ``+lean`` after either: Llama-family targets decode through
 eyas' fused Llama forward (q/k/v and gate/up one matmul each); ``+serial``: greedy bursts one at a time, each read
-back before the next is queued (the engine pipelines them). On a GPU, CUDA is synchronised around every
+back before the next is queued (the engine pipelines them); ``+sort``: a tree's proposals are chosen by a sort, as
+before eyas.engine.drafting ranked them pairwise; ``+combo``: inductor's combo kernels (independent small kernels
+launched as one), an experiment. On a GPU, CUDA is synchronised around every
 timed call. Every decoder (transformers' included) gets a cache of ``--capacity`` slots; by default
 what the run needs, as ``eyas bench`` and ``eyas generate`` size theirs: the longest prompt + the new
 tokens + the most draft tokens a round verifies + 1 (static-shape attention spans the whole cache). ``--kernels``: after the
@@ -33,13 +35,15 @@ import time
 from pathlib import Path
 
 import torch
+from torch._inductor import config as inductor_config
 from transformers import StaticCache
 
 from eyas.bench.run import timed
 from eyas.data.benchmarks import mt_bench_questions, render
-from eyas.engine import attention
+from eyas.engine import attention, drafting
 from eyas.engine.burst import Burst
 from eyas.engine.decode import generate
+from eyas.engine.drafting import PAIRWISE_MOST
 from eyas.engine.loading import load_engine
 from eyas.engine.modes import parse_modes, target_capacity
 from eyas.target.loading import load_target
@@ -250,9 +254,11 @@ def main() -> None:
     engine.target_runner.close()
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
         kind, *extras = variant.split("+")
-        if kind not in ("eager", "graphs", "compile") or not set(extras) <= {"lean", "serial"}:
-            parser.error(f"unknown variant {variant!r}: eager, graphs or compile, optionally +lean and +serial")
+        if kind not in ("eager", "graphs", "compile") or not set(extras) <= {"lean", "serial", "sort", "combo"}:
+            parser.error(f"unknown variant {variant!r}: eager, graphs or compile, optionally +lean, +serial, +sort, +combo")
         Burst.pipelined = "serial" not in extras
+        drafting.PAIRWISE_MOST = 0 if "sort" in extras else PAIRWISE_MOST
+        inductor_config.combo_kernels = "combo" in extras
         engine = load_engine(args.target, args.draft, capacity, args.device, dtype=dtype, target=engine.target,
                              graphs=kind != "eager", compile=kind == "compile", lean="lean" in extras, modes=modes)
         decoders = {"plain": lambda ids, engine=engine: generate(engine.target_runner, ids, args.max_new_tokens,

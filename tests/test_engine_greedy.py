@@ -349,3 +349,25 @@ def test_warm_up_starts_a_generation_at_every_prompt_length(monkeypatch):
     monkeypatch.setattr(DraftRunner, "commit_prompt", lambda self, aux, *rest: committed.append(aux.shape[1] + 1))
     warm_up(target, prompts, [(None, Sampling())], drafter)
     assert committed == []
+
+
+@pytest.mark.parametrize("top_k,depth,total", [(4, 3, 10), (10, 7, 60), (3, 5, 200)])
+def test_a_tree_picks_the_same_proposals_by_pairs_as_by_sorting(top_k, depth, total):
+    """select's pairwise ranking (a tree's proposals, up to PAIRWISE_MOST) chooses and orders exactly what a stable
+    sort does, ties included: scores drawn from a few values tie everywhere."""
+    from eyas.engine.drafting import _best_by_pairs, _best_by_sort, proposal_depths, select
+    from eyas.engine.modes import tree_size
+
+    depths = proposal_depths(top_k, depth)
+    count = tree_size(top_k, depth, total)
+    for seed in range(20):
+        generator = torch.Generator().manual_seed(seed)
+        values = 3 if seed % 2 else 1000  # many ties, or few
+        scores = -torch.randint(0, values, (len(depths),), generator=generator).float() / 7
+        if seed % 5 == 0:
+            scores[::3] = float("-inf")  # log-probs that underflowed
+        assert torch.equal(_best_by_pairs(scores, depths, count), _best_by_sort(scores, depths, count))
+    ids = torch.arange(len(depths))
+    parents = torch.cat([torch.full((top_k,), -1), torch.arange(len(depths) - top_k) // top_k])
+    _, _, tree_depths = select(ids, parents, scores, depths, torch.zeros(len(depths), dtype=torch.long), total)
+    assert torch.equal(tree_depths, torch.sort(tree_depths).values)

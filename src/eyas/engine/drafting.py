@@ -146,17 +146,43 @@ def proposal_depths(top_k: int, depth: int, device: torch.device | None = None) 
     return torch.repeat_interleave(torch.arange(1, depth + 1), counts).to(device)
 
 
+# Up to this many proposals, :func:`select` ranks them by comparing every pair (one fused kernel on a GPU); more are
+# sorted. A tree:60,7,10 round proposes 610: on an H100 its radix sort took 25.7 µs of a 2.2 ms round, the longest
+# kernel of the drafter's part (benchmarks/results/2026-12-06_h100_engine-defaults-2, round_tree_w8_60.txt).
+PAIRWISE_MOST = 2048
+
+
 def select(flat_ids: torch.Tensor, flat_parents: torch.Tensor, flat_scores: torch.Tensor, flat_depths: torch.Tensor,
            d2t: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``total`` best proposals by score (ties: shallower, then earlier), ordered by depth then score
     → (target ids, parents as tree node indices (0 = the root), depths), each [min(total, proposals)]."""
     count = min(total, len(flat_ids))
-    # proposals are stored by depth, then index: a stable sort by score alone breaks ties the right way
-    by_score = torch.sort(-flat_scores, stable=True).indices[:count]
-    chosen = by_score.index_select(0, torch.sort(flat_depths.index_select(0, by_score), stable=True).indices)
+    order = _best_by_pairs if len(flat_ids) <= PAIRWISE_MOST else _best_by_sort
+    chosen = order(flat_scores, flat_depths, count)
     node_of = torch.full((len(flat_ids),), -1, dtype=torch.long, device=flat_ids.device)
     node_of.index_copy_(0, chosen, torch.arange(1, count + 1, device=flat_ids.device))  # tree node 0 is the root
     chosen_parents = flat_parents.index_select(0, chosen)
     parents = torch.where(chosen_parents < 0, 0, node_of.index_select(0, chosen_parents.clamp(min=0)))
     ids = flat_ids.index_select(0, chosen)
     return ids + d2t.index_select(0, ids), parents, flat_depths.index_select(0, chosen)
+
+
+def _best_by_sort(scores: torch.Tensor, depths: torch.Tensor, count: int) -> torch.Tensor:
+    """The indices of the ``count`` best proposals (by score, ties to the earlier), ordered by depth then score. The
+    proposals are stored by depth, then index: a stable sort by score alone breaks ties the right way."""
+    by_score = torch.sort(-scores, stable=True).indices[:count]
+    return by_score.index_select(0, torch.sort(depths.index_select(0, by_score), stable=True).indices)
+
+
+def _best_by_pairs(scores: torch.Tensor, depths: torch.Tensor, count: int) -> torch.Tensor:
+    """:func:`_best_by_sort`'s answer from pairwise comparisons, without a sort: a proposal's rank is how many score
+    above it (or equal and come earlier); the chosen ones (rank < count) are placed by (depth, rank)."""
+    n = len(scores)
+    index = torch.arange(n, device=scores.device)
+    ahead = (scores[None, :] > scores[:, None]) | ((scores[None, :] == scores[:, None]) & (index[None, :] < index[:, None]))
+    rank = ahead.sum(1)
+    chosen = rank < count
+    key = depths * n + rank  # distinct: ranks are
+    place = ((key[None, :] < key[:, None]) & chosen[None, :]).sum(1)
+    at = (place[None, :] == torch.arange(count, device=scores.device)[:, None]) & chosen[None, :]  # [count, n], one-hot rows
+    return (at.long() * index).sum(1)
