@@ -147,8 +147,8 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
     chosen = decoders(modes, samplings)
     plain_at = {rule.temperature: i for i, (_, mode, rule) in enumerate(chosen) if mode is None}
     datasets: dict[str, list[ModeResult]] = {}
-    # warm-up, timed apart: compilation, recordings (each round's, each prompt length bucket's prefill), allocator and
-    # lazy initialisation must not land in a timed prompt
+    # warm-up, timed apart: compilation, recordings (each round's, each prompt length bucket's prefill), each prompt
+    # length's first drafter commit, allocator and lazy initialisation must not land in a timed prompt
     warm_seconds = warm_up(target, [torch.tensor([p.input_ids]) for p in prompts], [(m, r) for _, m, r in chosen],
                            drafter) if prompts else 0.0
     done, partial, stopped_by = 0, None, signal.SIGINT
