@@ -183,7 +183,7 @@ def run(options: RunOptions) -> None:
 def demo(options: DemoOptions) -> None:
     """The whole pipeline on the demo target, offline, on a CPU: prepare, capture, train online, export,
     check, bench; benches the released drafter beside this run's; ends with a table of τ and speedup of both and
-    where every artifact is. About 15 minutes on two CPU cores (BENCHMARKS.md has the measured time)."""
+    where every artifact is. About 11 minutes on two CPU cores (BENCHMARKS.md has the measured time)."""
     from eyas.demo import run_demo
 
     run_demo(console, options.out, options.quick, options.released)
