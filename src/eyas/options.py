@@ -19,8 +19,8 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eyas.engine.modes import DRAFT_SAMPLING, MODE_SPELLING, VERIFICATION, parse_mode
 from eyas.errors import EyasError, OptionError
+from eyas.speculation import DRAFT_SAMPLING, DRAWN_TREES_FROM, MODE_SPELLING, VERIFICATION, parse_mode
 
 
 @dataclass(frozen=True)
@@ -154,26 +154,51 @@ def force_option() -> Any:
                   "from other inputs, or a run --resume would continue) and skip the free-space check")
 
 
+def temperature_option(default: Any = 0.0, several: str | None = None) -> Any:
+    """The ``temperature`` field of the engine's options: one temperature, or with ``several`` (what a comma-separated
+    list of them does: ``eyas bench``'s) a tuple of them."""
+    return _one_or_several(default, "sampling temperature", several,
+                           "0 = greedy (eyas bench then also compares the outputs with plain decoding)", at_least(0))
+
+
+def draft_sampling_option(default: Any = "auto", several: str | None = None) -> Any:
+    """The ``draft_sampling`` field of the engine's options: how a sampled round drafts, one of :data:`DRAFT_SAMPLING`,
+    or with ``several`` (what a comma-separated list of them does) a tuple of them."""
+    return _one_or_several(default, "with --temperature > 0", several, "greedy = drafts are the drafter's argmax (a "
+                           "tree's top-k), accepted with the target's probability; probabilistic = drafts drawn from the "
+                           "drafter's own distribution (same temperature and top-p; a tree of fixed shape draws each "
+                           "node's children without replacement), accepted with min(1, p/q); auto = probabilistic in "
+                           f"chains, and in trees from T = {DRAWN_TREES_FROM} (greedy below) (measured: BENCHMARKS.md, "
+                           "Sampling)", one_of(*DRAFT_SAMPLING))
+
+
+def verification_option(default: Any = "standard", several: str | None = None) -> Any:
+    """The ``verification`` field of the engine's options: how a sampled round judges its drafts, one of
+    :data:`VERIFICATION`, or with ``several`` (what a comma-separated list of them does) a tuple of them."""
+    return _one_or_several(default, "with --temperature > 0", several, "standard = token by token; block = a chain's "
+                           "drafts judged together (Sun et al. 2024: never fewer kept on average)", one_of(*VERIFICATION))
+
+
+def _one_or_several(default: Any, head: str, several: str | None, meaning: str, check: Check) -> Any:
+    """A field of one value, or with ``several`` (what a comma-separated list of them does) a tuple of values: its help
+    is ``head``, then ``several``, then what the values mean; ``check`` tests the value, or each item."""
+    if several is None:
+        return option(default, f"{head}: {meaning}", check=check)
+    return option(default, f"{head}, {several}: {meaning}", check=each(check))
+
+
 @dataclass(kw_only=True)
 class EngineOptions(Options):
     """How eyas' engine decodes (``eyas bench``, ``eyas generate``): sampling, answer length, device, dtype, CUDA graphs."""
 
-    temperature: float = option(0.0, "sampling temperature; 0 = greedy (eyas bench then also compares the outputs with "
-                                "plain decoding)", check=at_least(0))
+    temperature: float = temperature_option()
     top_p: float = option(1.0, "nucleus sampling (with --temperature > 0): sample from the smallest set of tokens "
                           "whose probabilities add up to this; 1 = every token", check=within(0, 1, low_open=True))
     max_new_tokens: int = option(256, "longest answer in tokens", check=at_least(1))
     seed: int = option(0, "seed of the sampling draws (with --temperature > 0): the same seed, the same output",
                        check=SEED)
-    draft_sampling: str = option("auto", "with --temperature > 0: greedy = drafts are the drafter's argmax (a "
-                                 "tree's top-k), accepted with the target's probability; probabilistic = drafts drawn "
-                                 "from the drafter's own distribution (same temperature and top-p; a tree of fixed "
-                                 "shape draws each node's children without replacement), accepted with min(1, p/q); "
-                                 "auto = probabilistic in chains, and in trees from T = 0.85 (greedy below) "
-                                 "(measured: BENCHMARKS.md, Sampling)", check=one_of(*DRAFT_SAMPLING))
-    verification: str = option("standard", "with --temperature > 0: standard = token by token; block = a chain's "
-                               "drafts judged together (Sun et al. 2024: never fewer kept on average)",
-                               check=one_of(*VERIFICATION))
+    draft_sampling: str = draft_sampling_option()
+    verification: str = verification_option()
     device: str | None = option(None, "where the target and drafter run: cuda, cuda:N or cpu (default: cuda when "
                                 "available)", check=DEVICE)
     dtype: str = option("auto", "what the target and drafter decode in: bf16, fp32, or auto = bf16 on CUDA and on a CPU "

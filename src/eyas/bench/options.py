@@ -6,18 +6,21 @@ from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 
 from eyas.data.benchmarks import DATASETS
-from eyas.engine.modes import DRAFT_SAMPLING, MODE_SPELLING, VERIFICATION, parse_modes
 from eyas.options import (
     Check,
     EngineOptions,
     at_least,
+    draft_sampling_option,
     each,
     force_option,
     one_of,
     option,
+    temperature_option,
+    verification_option,
     vllm_args_option,
     vllm_python_option,
 )
+from eyas.speculation import MODE_SPELLING, parse_modes
 
 ENGINES = ("eyas", "vllm")
 
@@ -67,19 +70,14 @@ class BenchOptions(EngineOptions):
     vllm_python: str | None = vllm_python_option()
     vllm_args: list[str] = vllm_args_option("--engine vllm")
     _: KW_ONLY  # the three below override EngineOptions' (keyword-only there) with lists: keyword-only here too
-    temperature: tuple[float, ...] = option((0.0, 1.0), "sampling temperatures, comma-separated: every mode runs at "
-                                            "each beside that temperature's plain run (default: T = 0 and T = 1 side "
-                                            "by side); 0 = greedy (outputs also compared with plain decoding). "
-                                            "--engine vllm and --server measure the first", check=each(at_least(0)))
-    draft_sampling: tuple[str, ...] = option(("auto",), "with --temperature > 0, comma-separated, each a decoder of its "
-                                             "own beside the others: greedy = drafts are the drafter's argmax (a tree's "
-                                             "top-k), probabilistic = drafts drawn from the drafter (a tree of fixed "
-                                             "shape; rows 'drawn'), auto = drawn in chains, and in trees from T = 0.85; e.g. "
-                                             "greedy,probabilistic measures both rules in one run",
-                                             check=each(one_of(*DRAFT_SAMPLING)))
-    verification: tuple[str, ...] = option(("standard",), "with --temperature > 0, comma-separated as --draft-sampling: "
-                                           "standard = token by token, block = a chain's drafts judged together "
-                                           "(rows 'block')", check=each(one_of(*VERIFICATION)))
+    temperature: tuple[float, ...] = temperature_option((0.0, 1.0), "one or more, comma-separated, every mode running at "
+                                                        "each beside that temperature's plain run (default: T = 0 and "
+                                                        "T = 1 side by side; --engine vllm and --server measure the first)")
+    draft_sampling: tuple[str, ...] = draft_sampling_option(("auto",), "comma-separated, each a decoder of its own beside "
+                                                            "the others (e.g. greedy,probabilistic measures both rules in "
+                                                            "one run; probabilistic's rows read 'drawn')")
+    verification: tuple[str, ...] = verification_option(("standard",), "comma-separated as --draft-sampling (block's "
+                                                         "rows read 'block')")
     force: bool = force_option()
 
     def samplings(self) -> list:

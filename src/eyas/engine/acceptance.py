@@ -34,11 +34,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from eyas.engine.modes import DRAFT_SAMPLING, VERIFICATION
 from eyas.errors import EyasError
 from eyas.sampling import draw, sampling_probs
-
-DRAWN_TREES_FROM = 0.85  # auto draws a tree's children from this temperature up: halfway between the two measured
+from eyas.speculation import DRAFT_SAMPLING, DRAWN_TREES_FROM, VERIFICATION
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,16 @@ from eyas.errors import EyasError
 from eyas.export.contract import ARCHITECTURE, expected_shapes, flat_config
 from eyas.export.dflash import ARCHITECTURE as DFLASH
 from eyas.export.dflash import dflash_problems
-from eyas.export.files import eyas_name, read_shapes, read_tensors, safetensors_header, weight_files
+from eyas.export.files import (
+    eyas_name,
+    export_manifest,
+    integrity_problems,
+    read_shapes,
+    read_tensors,
+    weight_files,
+)
 from eyas.export.fit import TargetSizes, fit_problems, read_draft_config
-from eyas.manifest import MANIFEST, REMEDIES, file_problem, output_problems, read_stage_manifest
+from eyas.manifest import output_problems
 from eyas.target.layer_ids import sglang_reads
 
 _FLOATS = {"BF16", "F16", "F32"}
@@ -85,46 +92,9 @@ def check_for_target(directory: Path, target: str | None, trust_remote_code: boo
     return check_draft_dir(directory, TargetSizes.of(load_target_config(target, trust_remote_code)[0]))
 
 
-def integrity_problems(directory: Path) -> list[str]:
-    """Damage to a drafter's weight files: against the sizes and SHA-256 its manifest.json records when eyas export
-    wrote it, else by each safetensors file's header and size (a truncation; changed bytes need the manifest)."""
-    directory = Path(directory)
-    manifest = _export_manifest(directory)
-    if isinstance(manifest, str):
-        return [manifest]
-    recorded = {r["file"]: r for r in manifest.get("outputs") or []}
-    try:
-        files = weight_files(directory)
-    except EyasError as err:
-        return [str(err)]
-    problems = []
-    for path in files:
-        record = recorded.get(path.name)
-        if record is not None:
-            problem = file_problem(path, record["bytes"], record.get("sha256"))
-            if problem is not None:
-                problems.append(f"{path}: {problem}; {REMEDIES['export']}")
-        elif path.suffix == ".safetensors":
-            try:
-                safetensors_header(path)
-            except EyasError as err:
-                problems.append(str(err))
-    return problems
-
-
-def _export_manifest(directory: Path) -> dict | str:
-    """DRAFT_DIR's manifest.json ({} when there is none: another tool's drafter), or what is wrong with it."""
-    if not (directory / MANIFEST).is_file():
-        return {}
-    try:
-        return read_stage_manifest(directory, "export")
-    except EyasError as err:
-        return str(err)
-
-
 def _edited_since_export(directory: Path) -> list[str]:
     """Files besides the weights that differ from what eyas export recorded (a config edited by hand, say)."""
-    manifest = _export_manifest(directory)
+    manifest = export_manifest(directory)
     if isinstance(manifest, str):
         return []  # integrity_problems reports it
     others = [r for r in manifest.get("outputs") or [] if not r["file"].endswith((".safetensors", ".bin"))]

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from eyas.errors import EyasError
+from eyas.manifest import MANIFEST, REMEDIES, file_problem, read_stage_manifest
 
 _DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64",
                 torch.int32: "I32", torch.bool: "BOOL"}
@@ -132,6 +133,43 @@ def read_shapes(directory: Path, normalise: bool = True) -> dict[str, tuple[list
         for name, info in safetensors_header(path).items():
             out[rename(name)] = (list(info["shape"]), info["dtype"])
     return out
+
+
+def integrity_problems(directory: Path) -> list[str]:
+    """Damage to a drafter's weight files: against the sizes and SHA-256 its manifest.json records when eyas export
+    wrote it, else by each safetensors file's header and size (a truncation; changed bytes need the manifest)."""
+    directory = Path(directory)
+    manifest = export_manifest(directory)
+    if isinstance(manifest, str):
+        return [manifest]
+    recorded = {r["file"]: r for r in manifest.get("outputs") or []}
+    try:
+        files = weight_files(directory)
+    except EyasError as err:
+        return [str(err)]
+    problems = []
+    for path in files:
+        record = recorded.get(path.name)
+        if record is not None:
+            problem = file_problem(path, record["bytes"], record.get("sha256"))
+            if problem is not None:
+                problems.append(f"{path}: {problem}; {REMEDIES['export']}")
+        elif path.suffix == ".safetensors":
+            try:
+                safetensors_header(path)
+            except EyasError as err:
+                problems.append(str(err))
+    return problems
+
+
+def export_manifest(directory: Path) -> dict | str:
+    """DRAFT_DIR's manifest.json ({} when there is none: another tool's drafter), or what is wrong with it."""
+    if not (directory / MANIFEST).is_file():
+        return {}
+    try:
+        return read_stage_manifest(directory, "export")
+    except EyasError as err:
+        return str(err)
 
 
 DRAFT_FILES = ("config.json", "model.safetensors", "README.md")

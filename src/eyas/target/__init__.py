@@ -3,7 +3,8 @@
 from eyas.target.capture import CapturedStates, capture_hidden_states
 from eyas.target.layer_ids import default_layer_ids, sglang_spelling, specforge_spelling, validate_layer_ids
 from eyas.target.layout import TargetLayout, discover_layout
-from eyas.target.loading import Target, load_target, resolve_target
+from eyas.target.loaded import Target
+from eyas.target.loading import load_target, resolve_target
 
 __all__ = [
     "CapturedStates",

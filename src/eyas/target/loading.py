@@ -9,29 +9,17 @@ tried. Default precision: bf16 on GPU, fp32 on CPU; on GPU the weights are place
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from eyas.errors import TargetNotFoundError
 from eyas.target.gguf import demo_gguf_path, ensure_hf_dir_from_gguf
-from eyas.target.layout import TargetLayout, discover_layout
+from eyas.target.layout import discover_layout
+from eyas.target.loaded import Target
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-@dataclass
-class Target:
-    """A loaded target: the model, its tokenizer (None if it has none) and its layout."""
-
-    model: nn.Module
-    tokenizer: Any
-    layout: TargetLayout
-    spec: str
-    source: str  # the directory or hub id that was loaded
 
 
 def gguf_file(spec: str) -> Path | None:
@@ -86,8 +74,9 @@ def load_target_config(spec: str, trust_remote_code: bool = False):
     """Load only the config of a target (no weights); returns (config, source)."""
     from transformers import AutoConfig
 
-    import eyas.target.rehearsal  # noqa: F401  registers the rehearsal target's config (its head directories load anywhere)
+    from eyas.target.rehearsal import register_rehearsal_target
 
+    register_rehearsal_target()  # the rehearsal target's head directories load anywhere
     source = resolve_target(spec)
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code), source

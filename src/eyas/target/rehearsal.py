@@ -111,8 +111,12 @@ class RehearsalForConditionalGeneration(PreTrainedModel):
                                    logits_to_keep=logits_to_keep, **kwargs)
 
 
-AutoConfig.register(MODEL_TYPE, RehearsalConfig, exist_ok=True)
-AutoModelForCausalLM.register(RehearsalConfig, RehearsalForConditionalGeneration, exist_ok=True)
+def register_rehearsal_target() -> None:
+    """Make transformers' auto classes know the rehearsal target (its config and model, by :data:`MODEL_TYPE`), so that
+    its head directories (:func:`save_head_dir`) load like any target's; :func:`eyas.target.loading.load_target_config`
+    calls it. Registering again changes nothing."""
+    AutoConfig.register(MODEL_TYPE, RehearsalConfig, exist_ok=True)
+    AutoModelForCausalLM.register(RehearsalConfig, RehearsalForConditionalGeneration, exist_ok=True)
 
 
 def build_rehearsal_target(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
@@ -168,6 +172,6 @@ def save_head_dir(model: RehearsalForConditionalGeneration, directory) -> str:
 def loaded_target(model: nn.Module, spec: str):
     """``model`` as the :class:`eyas.target.Target` that capture and online training take as ``loaded``."""
     from eyas.target.layout import discover_layout
-    from eyas.target.loading import Target
+    from eyas.target.loaded import Target
 
     return Target(model=model, tokenizer=None, layout=discover_layout(model), spec=spec, source=spec)

@@ -1,0 +1,110 @@
+"""What speculative decoding is asked to do, by name: a mode (a chain or an EAGLE-2 tree) and how ``--mode`` spells
+it, and the names of the sampling rules a sampled round may follow.
+
+``chain:K`` drafts K tokens greedily; ``tree:TOTAL,DEPTH,TOPK`` grows a dynamic tree (the EAGLE reference's is
+tree:60,7,10). The rules themselves run in :mod:`eyas.engine.acceptance`; the caches a mode needs are sized in
+:mod:`eyas.engine.modes`, which re-exports these names. This module is the ground floor every stage's options stand
+on: it imports nothing but :mod:`eyas.errors` (no torch), so an options field can check a mode's or a rule's spelling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eyas.errors import EyasError
+
+# how a sampled round treats its drafts: the drafter's argmax (top-k in trees) or drawn from its distribution (auto:
+# drawn in chains, and in trees from DRAWN_TREES_FROM); verified token by token, or a chain's drafts judged together
+DRAFT_SAMPLING = ("auto", "greedy", "probabilistic")
+VERIFICATION = ("standard", "block")
+DRAWN_TREES_FROM = 0.85  # auto draws a tree's children from this temperature up: halfway between the two measured
+
+
+def tree_size(top_k: int, depth: int, total: int) -> int:
+    """Draft nodes of a dynamic tree: ``total``, or every proposal when there are fewer."""
+    return min(total, top_k + (depth - 1) * top_k * top_k)
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """``chain``: ``draft_length`` tokens; ``tree``: EAGLE-2 dynamic tree (top_k, depth, total draft tokens)."""
+
+    mode: str = "chain"
+    draft_length: int = 5
+    top_k: int = 10
+    depth: int = 7
+    total: int = 60
+
+    @property
+    def draft_tokens(self) -> int:
+        """Tokens verified after the root each round: what the caches must hold beyond the answer."""
+        return self.draft_length if self.mode == "chain" else self.total
+
+    @property
+    def max_depth(self) -> int:
+        return self.draft_length if self.mode == "chain" else self.depth
+
+    @property
+    def nodes(self) -> int:
+        """Draft nodes a round verifies (a tree's may be fewer than ``total``)."""
+        return self.draft_length if self.mode == "chain" else tree_size(self.top_k, self.depth, self.total)
+
+    @property
+    def target_writes(self) -> int:
+        """Target cache slots a round writes past the committed ones: the root and every node."""
+        return self.nodes + 1
+
+    @property
+    def drafter_writes(self) -> int:
+        """Drafter cache slots a round writes past the committed ones: a chain commits k + 1 states, then k − 1
+        drafts after the valid ones; a tree commits depth + 1 states, then (depth − 1)·top_k speculative entries."""
+        if self.mode == "chain":
+            return 2 * self.draft_length
+        return self.depth + 1 + (self.depth - 1) * self.top_k
+
+    def label(self) -> str:
+        return f"chain:{self.draft_length}" if self.mode == "chain" else f"tree:{self.total},{self.depth},{self.top_k}"
+
+
+class ModeError(EyasError):
+    """A ``--mode`` that names no mode eyas decodes; ``rule`` is what it breaks."""
+
+    def __init__(self, text: str, rule: str):
+        self.rule = rule
+        super().__init__(f"mode {text!r}: {rule}")
+
+
+MODE_SPELLING = "chain:K (e.g. chain:5) or tree:TOTAL,DEPTH,TOPK (e.g. tree:60,7,10), every number ≥ 1, DEPTH ≤ TOTAL"
+
+
+def parse_mode(text: str) -> Speculation:
+    """``chain:K`` or ``tree:TOTAL,DEPTH,TOPK`` (the EAGLE reference's tree is tree:60,7,10)."""
+    kind, _, args = text.partition(":")
+    try:
+        numbers = [int(x) for x in args.split(",")] if args else []
+        if kind == "chain" and len(numbers) == 1 and numbers[0] >= 1:
+            return Speculation("chain", draft_length=numbers[0])
+        if kind == "tree" and len(numbers) == 3 and all(n >= 1 for n in numbers):
+            total, depth, top_k = numbers
+            if depth > total:  # the best TOTAL nodes hold their ancestors: no path is deeper than TOTAL
+                raise ModeError(text, f"DEPTH {depth} is more than TOTAL {total}, and a tree of {total} nodes is at "
+                                      f"most {total} deep: use DEPTH ≤ TOTAL")
+            return Speculation("tree", total=total, depth=depth, top_k=top_k)
+    except ValueError:
+        pass
+    raise ModeError(text, f"must be {MODE_SPELLING}")
+
+
+def parse_modes(text: str) -> list[Speculation]:
+    """'chain:5,tree:60,7,10' → two modes: a new one starts at each 'name:' (';' also separates); at least one."""
+    modes: list[str] = []
+    for part in text.replace(";", ",").split(","):
+        part = part.strip()
+        if ":" in part or not modes:
+            modes.append(part)
+        else:
+            modes[-1] += "," + part
+    parsed = [parse_mode(m) for m in modes if m]
+    if not parsed:
+        raise ModeError(text, f"must be one or more of {MODE_SPELLING}")
+    return parsed
