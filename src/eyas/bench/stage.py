@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from eyas.bench.options import BenchOptions
 from eyas.errors import EyasError
+from eyas.out_lock import one_writer
 
 
+@one_writer("bench", lambda options, *_, **__: options.out)
 def bench_stage(options: BenchOptions, show_progress: bool = True):
     """Decode every prompt plainly and in every mode; write REPORT_DIR; return (result, header).
 

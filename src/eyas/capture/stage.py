@@ -22,13 +22,14 @@ from eyas.distributed import barrier, init_distributed
 from eyas.errors import EyasError
 from eyas.io import atomic_path, file_sha256, remove_stale_temps
 from eyas.manifest import MANIFEST, file_problem, input_record, manifest_fields, output_record, verify_stage_dir
+from eyas.out_lock import one_writer
 from eyas.outputs import check_space, claim_out, human_bytes, refuse_other_inputs, writing
 from eyas.progress import progress_bar
 from eyas.store.async_writer import ShardWriterPool
 from eyas.store.plan import ShardPlan, plan_shards
 from eyas.store.shards import DTYPES, ShardRecord, StoreManifest, bytes_per_token, pack_states, shard_name, write_shard
 from eyas.target.facts import target_facts, target_input
-from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
+from eyas.target.layer_ids import resolve_layer_ids
 from eyas.target.loading import load_target_config
 from eyas.target.weights import weights_sha256
 
@@ -54,6 +55,7 @@ class CaptureReport:
     capture_seconds: float = 0.0  # first batch to last shard on disk
 
 
+@one_writer("capture", lambda options, *_, **__: options.out)
 def capture(options: CaptureOptions, loaded=None) -> CaptureReport:
     """Run the capture stage in this process (one rank of ``WORLD_SIZE``). ``loaded``: the target already in memory
     (an :class:`eyas.target.Target` of ``options.target``'s config and weights, e.g. a rehearsal target built on the
@@ -76,7 +78,7 @@ def capture(options: CaptureOptions, loaded=None) -> CaptureReport:
     target = target_facts(options.target, config, source)
     target["weights_sha256"] = weights_sha256(options.target, options.trust_remote_code)  # training compares it
     num_layers, hidden = target["num_layers"], target["hidden_size"]
-    layer_ids = validate_layer_ids(options.layer_ids or default_layer_ids(num_layers), num_layers)
+    layer_ids = resolve_layer_ids(options.layer_ids, num_layers)
     data_dir = Path(options.data)
     samples = _load_samples(data_dir, options.splits)
     manifest = StoreManifest(

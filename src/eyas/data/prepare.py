@@ -29,6 +29,7 @@ from eyas.data.vocab import VOCAB_FILE, build_draft_vocab, count_masked_tokens, 
 from eyas.errors import EyasError
 from eyas.io import write_json_atomic
 from eyas.manifest import MANIFEST, clear_manifest, input_record, manifest_fields
+from eyas.out_lock import one_writer
 from eyas.outputs import check_space, claim_out, refuse_other_inputs, writing
 from eyas.progress import progress_bar
 
@@ -56,6 +57,7 @@ class PrepareStats:
     seconds: float = 0.0
 
 
+@one_writer("prepare", lambda options: options.out)
 def prepare(options: PrepareOptions) -> PrepareStats:
     """Run the prepare stage; returns the statistics (also saved in the manifest)."""
     from eyas.target.facts import target_facts, target_input

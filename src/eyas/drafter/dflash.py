@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, rotate_half
 
+from eyas.target.layer_ids import from_output_spelling, output_spelling
+
 
 @dataclass
 class DFlashConfig:
@@ -99,12 +101,12 @@ def default_dflash_layer_ids(target_layers: int, draft_layers: int) -> list[int]
         outputs = [target_layers // 2]
     else:
         outputs = [round(1 + i * (target_layers - 4) / (draft_layers - 1)) for i in range(draft_layers)]
-    return [i + 1 for i in outputs]
+    return list(from_output_spelling(outputs))
 
 
 def dflash_ids(layer_ids: list[int]) -> list[int]:
-    """eyas ids → DFlash's ``target_layer_ids`` (the output of layer i = the input of layer i + 1)."""
-    return [i - 1 for i in layer_ids]
+    """eyas ids → DFlash's ``target_layer_ids`` (the output of layer i = the input of layer i + 1), as a list."""
+    return list(output_spelling(layer_ids))
 
 
 def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

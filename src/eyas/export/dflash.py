@@ -20,6 +20,7 @@ from eyas.drafter.dflash import DFlashConfig, DFlashDrafter, dflash_ids
 from eyas.errors import EyasError
 from eyas.export.eagle3 import TORCH_DTYPES, torch_dtype_name
 from eyas.export.files import safetensors_header, weight_files, write_draft_dir
+from eyas.target.layer_ids import from_output_spelling
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -83,7 +84,7 @@ def config_from_json(config: dict, where: str = "config.json") -> DFlashConfig:
     flash = config.get("dflash_config") or {}
     ids = config.get("eagle_aux_hidden_state_layer_ids")
     if ids is None and flash.get("target_layer_ids") is not None:
-        ids = [i + 1 for i in flash["target_layer_ids"]]
+        ids = list(from_output_spelling(flash["target_layer_ids"]))
     mask = flash.get("mask_token_id", config.get("mask_token_id"))
     if ids is None or mask is None or "block_size" not in config:
         raise EyasError(f"{where}: a DFlash config needs block_size, dflash_config.mask_token_id and the target layer ids")

@@ -13,7 +13,7 @@ import torch
 from eyas.drafter.config import DrafterConfig
 from eyas.errors import EyasError
 from eyas.export.contract import ARCHITECTURE, expected_shapes
-from eyas.target.layer_ids import LayerIdError, default_layer_ids, sglang_spelling
+from eyas.target.layer_ids import is_default_layer_ids, sglang_spelling
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -55,11 +55,7 @@ def draft_config(config: DrafterConfig, target_model_type: str, target_layers: i
     if config.target_hidden_size != config.hidden_size:
         out["target_hidden_size"] = config.target_hidden_size
     ids = tuple(config.layer_ids)
-    try:
-        default = default_layer_ids(target_layers)
-    except LayerIdError:  # a target under 6 layers has no default taps: its drafter's ids are always written out
-        default = None
-    if len(ids) != 3 or ids != default:
+    if not is_default_layer_ids(ids, target_layers):  # a target under 6 layers has none: its ids are always written out
         out["eagle_aux_hidden_state_layer_ids"] = list(ids)  # vLLM: as-is
         spelled = sglang_spelling(ids, target_model_type, target_layers)
         if spelled is None:

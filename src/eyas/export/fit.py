@@ -14,7 +14,7 @@ from pathlib import Path
 from eyas.errors import EyasError
 from eyas.export.contract import flat_config, layer_ids_of
 from eyas.manifest import read_json_object
-from eyas.target.layer_ids import LayerIdError, default_layer_ids, validate_layer_ids
+from eyas.target.layer_ids import LayerIdError, resolve_layer_ids, validate_layer_ids
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,10 @@ def fit_problems(config: dict, target: TargetSizes) -> list[str]:
         problems.append(f"its vocab_size is {vocab}, the target's {target.vocab_size}: their token ids do not match")
     ids = layer_ids_of(config)
     try:
-        validate_layer_ids(default_layer_ids(target.num_layers) if ids is None else ids, target.num_layers)
+        if ids is None:
+            resolve_layer_ids(None, target.num_layers)  # the engines' defaults, which a shallow target lacks
+        else:
+            validate_layer_ids(ids, target.num_layers)  # as named: an empty list is a problem, not the defaults
     except LayerIdError as err:
         problems.append(f"it names no layer ids, so the engines tap (2, N//2, N-3), which a {target.num_layers}-layer "
                         "target does not have" if ids is None else f"its {err}")
@@ -59,7 +62,7 @@ def require_fit(draft_dir: Path | None, target_spec: str, trust_remote_code: boo
     of this shape, or one line naming the directory and what to do (nothing to check without a drafter)."""
     if draft_dir is None:
         return
-    from eyas.export.check import integrity_problems
+    from eyas.export.files import integrity_problems
     from eyas.target.loading import load_target_config
 
     draft_dir = Path(draft_dir)

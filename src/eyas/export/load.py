@@ -11,7 +11,7 @@ from eyas.errors import EyasError
 from eyas.export.contract import flat_config, layer_ids_of
 from eyas.export.files import read_tensors
 from eyas.export.fit import read_draft_config
-from eyas.target.layer_ids import default_layer_ids
+from eyas.target.layer_ids import resolve_layer_ids
 
 # Variants of the EAGLE-3 layer that eyas' drafter does not compute: importing them would measure
 # a different network than the engines run, so they are refused by name.
@@ -53,7 +53,7 @@ def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple
     if ids is None:
         if target_layers is None:
             raise EyasError(f"{directory} names no layer ids (engine defaults); give the target so eyas knows its depth")
-        ids = list(default_layer_ids(target_layers))
+        ids = list(resolve_layer_ids(None, target_layers))
     rope = drafter_rope(config.get("rope_parameters") or config.get("rope_scaling"), config.get("rope_theta") or 10000.0)
     tensors.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
     drafter = DrafterConfig(

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from eyas.errors import EyasError
 from eyas.export.options import ExportOptions
+from eyas.out_lock import one_writer
 
 
 def export_stage(options: ExportOptions, console: Console) -> Path:
@@ -23,6 +24,7 @@ def export_stage(options: ExportOptions, console: Console) -> Path:
     return path
 
 
+@one_writer("export", lambda run_dir, out, *_, **__: out)
 def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "auto", force: bool = False) -> Path:
     """Export RUN_DIR/final (what ``eyas train`` wrote) as a drafter directory: EAGLE-3 (or the speculators format) for an
     EAGLE-3 run, vLLM's DFlash format for a DFlash run (``fmt`` auto: the run's); a DRAFT_DIR exported from another run,

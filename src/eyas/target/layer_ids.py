@@ -54,6 +54,20 @@ def validate_layer_ids(layer_ids: Sequence[int], num_layers: int) -> tuple[int, 
     return ids
 
 
+def resolve_layer_ids(given: Sequence[int] | None, num_layers: int) -> tuple[int, ...]:
+    """The ids to tap on a ``num_layers``-layer target: ``given`` (None or empty: the defaults), validated."""
+    return validate_layer_ids(given or default_layer_ids(num_layers), num_layers)
+
+
+def is_default_layer_ids(layer_ids: Sequence[int], num_layers: int) -> bool:
+    """Whether ``layer_ids`` are the defaults the engines tap when a drafter names none (a target under 6 layers has
+    no defaults: never)."""
+    try:
+        return tuple(layer_ids) == default_layer_ids(num_layers)
+    except LayerIdError:
+        return False
+
+
 def parse_layer_ids(text: str) -> tuple[int, ...]:
     """Parse ``"2,15,27"`` (or ``"[2, 15, 27]"``) into a tuple of ints."""
     cleaned = text.strip().strip("[]()")
@@ -63,11 +77,23 @@ def parse_layer_ids(text: str) -> tuple[int, ...]:
         raise LayerIdError(f"cannot read layer ids from {text!r}; write them like 2,15,27") from None
 
 
+def output_spelling(layer_ids: Sequence[int]) -> tuple[int, ...]:
+    """eyas ids → output-of-layer ids (DFlash's ``target_layer_ids``, SpecForge's): the input of layer L is the output
+    of layer L-1. Id 0 (the embeddings) comes out as -1; :func:`specforge_spelling` refuses it."""
+    return tuple(i - 1 for i in layer_ids)
+
+
+def from_output_spelling(output_ids: Sequence[int]) -> tuple[int, ...]:
+    """Output-of-layer ids → eyas ids: the output of layer i is the input of layer i + 1 (inverse of
+    :func:`output_spelling`)."""
+    return tuple(i + 1 for i in output_ids)
+
+
 def specforge_spelling(layer_ids: Sequence[int]) -> tuple[int, ...]:
     """SpecForge writes output-of-layer ids: the input of layer L is the output of layer L-1."""
     if min(layer_ids) < 1:
         raise LayerIdError("id 0 (the embeddings) has no output-of-layer spelling")
-    return tuple(i - 1 for i in layer_ids)
+    return output_spelling(layer_ids)
 
 
 def sglang_spelling(layer_ids: Sequence[int], model_type: str, num_layers: int) -> tuple[int, ...] | None:
@@ -86,14 +112,14 @@ def sglang_spelling(layer_ids: Sequence[int], model_type: str, num_layers: int) 
         return ids
     if ids[0] < 1:
         return None
-    return tuple(i - 1 for i in ids)
+    return output_spelling(ids)
 
 
 def sglang_reads(spelled: Sequence[int], model_type: str, num_layers: int) -> tuple[int, ...]:
     """What SGLang captures (in eyas ids) when a drafter config carries ``spelled``."""
     ids = tuple(spelled)
     if model_type in _SGLANG_DEEPSEEK_TYPES:
-        return tuple(i + 1 for i in ids) if ids[0] == 1 else ids
+        return from_output_spelling(ids) if ids[0] == 1 else ids
     if model_type in _SGLANG_GPT_OSS_TYPES and ids[-1] == num_layers:
         return ids
-    return tuple(i + 1 for i in ids)
+    return from_output_spelling(ids)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from eyas.errors import CaptureError
-from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
+from eyas.target.layer_ids import resolve_layer_ids
 from eyas.target.layout import TargetLayout
 
 Store = Callable[[torch.Tensor], torch.Tensor | None]
@@ -28,7 +28,7 @@ class Taps:
 
     def __init__(self, layer_ids: Sequence[int] | None, num_layers: int):
         self.num_layers = num_layers
-        self.layer_ids = validate_layer_ids(layer_ids or default_layer_ids(num_layers), num_layers)
+        self.layer_ids = resolve_layer_ids(layer_ids, num_layers)
 
     def __len__(self) -> int:
         return len(self.layer_ids)

@@ -28,6 +28,7 @@ from eyas.drafter.loss import step_loss, target_signal
 from eyas.drafter.model import Eagle3Drafter
 from eyas.drafter.ttt import ttt_steps
 from eyas.errors import EyasError
+from eyas.out_lock import one_writer
 from eyas.outputs import check_space, claim_out, writing
 from eyas.progress import progress_bar
 from eyas.train.blocks import batch_seed, block_micro_batch, evaluate_blocks
@@ -54,6 +55,7 @@ class TrainReport:
     initial_eval: dict = field(default_factory=dict)
 
 
+@one_writer("train", lambda options, *_, **__: options.out)
 def train(options: TrainOptions, loaded=None) -> TrainReport:
     """Run (or resume) training; returns the report, also written to RUN_DIR/report.json. ``loaded``: for --online, the
     target already in memory (see :func:`setup_training`)."""
@@ -299,7 +301,7 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
     :func:`eyas.train.resume.target_identity`, when the caller has it (its weights fingerprint is not read again)."""
     from eyas.data.vocab import VOCAB_FILE, load_vocab
     from eyas.target.facts import target_facts, target_input
-    from eyas.target.layer_ids import default_layer_ids, validate_layer_ids
+    from eyas.target.layer_ids import resolve_layer_ids
     from eyas.target.loading import load_target_config
 
     dtype = torch.float32  # master weights and batch states; autocast handles bf16 on GPU
@@ -313,7 +315,7 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
 
         verify_stage_dir(options.data, "prepare")
         target = loaded or load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
-        layer_ids = validate_layer_ids(options.layer_ids or default_layer_ids(target.layout.num_layers), target.layout.num_layers)
+        layer_ids = resolve_layer_ids(options.layer_ids, target.layout.num_layers)
         data_dir = Path(options.data)
         source = OnlineSource(target, data_dir, "train", layer_ids, options.token_budget, device, dtype)
         holdout = OnlineSource(target, data_dir, "holdout", layer_ids, options.token_budget, device, dtype) \
