@@ -1,6 +1,7 @@
 """The docs name only what exists: every `eyas COMMAND` and its flags, every `eyas.module.name`, every repository path.
 
-Read from README.md, BENCHMARKS.md and docs/*.md (benchmarks/LOG.md is history: it names what existed then). In code
+Read from README.md, BENCHMARKS.md and docs/*.md (benchmarks/LOG.md and benchmarks/log/ are history: they name what
+existed then). In code
 (inline spans and fenced blocks) a line, or a part after `&&`, `;` or `|`, that starts with `eyas COMMAND` (or
 `python -m eyas COMMAND`, `$ eyas …`) must name a command of the CLI, and every `--flag` after it on that part (shell
 comments dropped) one of that command's flags. A dotted `eyas.…` name must be a module, or a name in the longest module
