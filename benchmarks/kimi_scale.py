@@ -260,7 +260,7 @@ def train_group(args) -> dict:
         options = TrainOptions(data=data, online=True, **common)
     device = torch.device("cuda" if CUDA else "cpu")
     setup = setup_training(options, device, loaded)
-    drafter, source, head, draft_ids = setup["drafter"], setup["source"], setup["head"], setup["draft_ids"]
+    drafter, source, head, draft_ids = setup.drafter, setup.source, setup.head, setup.draft_ids
     drafter.train()
     optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas,
                                   weight_decay=options.weight_decay)  # as the trainer builds it

@@ -42,9 +42,9 @@ def one_step(setup: dict, optimizer, index: int, options: TrainOptions, device, 
         times[name] += time.perf_counter() - start
         return out
 
-    drafter = setup["drafter"]
-    batch = phase("capture (target forward)", lambda: setup["source"].batch(index))
-    signal = phase("teacher (target lm_head)", lambda: target_signal(batch.final, setup["head"], setup["draft_ids"]))
+    drafter = setup.drafter
+    batch = phase("capture (target forward)", lambda: setup.source.batch(index))
+    signal = phase("teacher (target lm_head)", lambda: target_signal(batch.final, setup.head, setup.draft_ids))
     total = 0.0
     with autocast():
         unrolled = ttt_steps(drafter, batch.aux, batch.input_ids, options.ttt_steps)
@@ -77,7 +77,7 @@ def main() -> None:
                            token_budget=args.token_budget, out=Path("unused"))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     setup = setup_training(options, device)
-    source, drafter = setup["source"], setup["drafter"]
+    source, drafter = setup.source, setup.drafter
     drafter.train()
     autocast = training_autocast(device)
     optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas,

@@ -39,7 +39,7 @@ def run_variant(args: argparse.Namespace) -> dict:
     options = TrainOptions(target=args.target, out=Path("/tmp/eyas-train-shapes"), data=args.data, online=True,
                            token_budget=args.token_budget, ttt_steps=args.ttt_steps)
     setup = setup_training(options, device)
-    drafter, source, head, draft_ids = setup["drafter"], setup["source"], setup["head"], setup["draft_ids"]
+    drafter, source, head, draft_ids = setup.drafter, setup.source, setup.head, setup.draft_ids
     optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas)
     weights = [options.step_decay**k for k in range(options.ttt_steps)]
     autocast = training_autocast(device)

@@ -159,7 +159,7 @@ def test_batches_are_rounded_to_a_multiple_of_64_tokens_on_a_gpu_within_the_budg
 
     options = opts(target, tmp_path / "run", features=features)
     parts = setup_training(options, torch.device("cpu"))
-    drafter, head, draft_ids = parts["drafter"], parts["head"], parts["draft_ids"]
+    drafter, head, draft_ids = parts.drafter, parts.head, parts.draft_ids
     weights = [options.step_decay**k for k in range(options.ttt_steps)]
     batch = plain.batch(0)
     pads = {"aux": (0, 0, 0, 64), "final": (0, 0, 0, 64), "input_ids": (0, 64), "loss_mask": (0, 64), "valid": (0, 64)}

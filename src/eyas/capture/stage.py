@@ -55,12 +55,70 @@ class CaptureReport:
     capture_seconds: float = 0.0  # first batch to last shard on disk
 
 
+@dataclass
+class _Run:
+    """One process's capture: its options, its --out, its place among the ranks, and the report it fills in."""
+
+    options: CaptureOptions
+    out: Path
+    rank: int
+    world: int
+    report: CaptureReport
+
+
+@dataclass
+class _Inputs:
+    """What the capture reads, loaded and checked: the target's config source, the layers to tap, DATA_DIR's samples,
+    and the store's manifest before its shards (whose identity a rerun must match)."""
+
+    source: str
+    layer_ids: tuple[int, ...]
+    num_layers: int
+    hidden_size: int
+    data_dir: Path
+    samples: dict[str, list]
+    manifest: StoreManifest
+
+
+@dataclass
+class _Work:
+    """The planned shards: every split's (all ranks'), the shards already finished, and this rank's still to write."""
+
+    samples: dict[str, list]  # what the plans index: DATA_DIR's samples less those --max-gb leaves out
+    plans: dict[str, list[ShardPlan]]
+    done: dict[str, ShardRecord]
+    todo: list[tuple[str, ShardPlan]]
+    tokens: int  # in todo
+
+
 @one_writer("capture", lambda options, *_, **__: options.out)
 def capture(options: CaptureOptions, loaded=None) -> CaptureReport:
     """Run the capture stage in this process (one rank of ``WORLD_SIZE``). ``loaded``: the target already in memory
     (an :class:`eyas.target.Target` of ``options.target``'s config and weights, e.g. a rehearsal target built on the
     GPU) instead of loading it; ``options.target`` still names the directory its config and head tensors are read from."""
     started = time.perf_counter()
+    _check_request(options)
+    out = Path(options.out)
+    claim_out(out, "capture", options.force, MARKERS)
+    rank, world, device = init_distributed()
+    run = _Run(options, out, rank, world, CaptureReport(rank=rank, world_size=world))
+    inputs = _load_inputs(options)
+    done = _resume_state(out, inputs.manifest, options.force, rank)
+    if done is None:
+        if rank == 0:
+            _carry_vocab_into_finished(out, inputs.data_dir)
+        run.report.already_complete = True
+        return run.report
+    work = _plan_work(run, inputs, done)
+    _make_room(run)
+    _write_shards(run, inputs.manifest, work, _state_source(options, inputs, work, device, loaded))
+    _finish(run, inputs, work.plans)
+    run.report.seconds = time.perf_counter() - started
+    return run.report
+
+
+def _check_request(options: CaptureOptions) -> None:
+    """Refuse, before anything is written, a --dtype eyas cannot store and engine settings it cannot honour."""
     if options.dtype not in DTYPES:
         raise EyasError(f"--dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
     if options.engine == "vllm":
@@ -70,10 +128,10 @@ def capture(options: CaptureOptions, loaded=None) -> CaptureReport:
     elif options.vllm_settings_given():
         raise EyasError(f"--{options.vllm_settings_given()[0].replace('_', '-')} is a vLLM engine setting: add "
                         "--engine vllm, or leave it out")
-    out = Path(options.out)
-    claim_out(out, "capture", options.force, MARKERS)
-    rank, world, device = init_distributed()
-    report = CaptureReport(rank=rank, world_size=world)
+
+
+def _load_inputs(options: CaptureOptions) -> _Inputs:
+    """Read the target's config (and its weights' checksum) and DATA_DIR's samples, and describe the store they make."""
     config, source = load_target_config(options.target, options.trust_remote_code)
     target = target_facts(options.target, config, source)
     target["weights_sha256"] = weights_sha256(options.target, options.trust_remote_code)  # training compares it
@@ -89,31 +147,40 @@ def capture(options: CaptureOptions, loaded=None) -> CaptureReport:
         layer_id_convention="eyas/vLLM: id L = residual stream entering decoder layer L (HF hidden_states[L])",
         dtype=options.dtype,
     )
-    done = _resume_state(out, manifest, options.force, rank)
-    if done is None:
-        if rank == 0:
-            _carry_vocab_into_finished(out, data_dir)
-        report.already_complete = True
-        return report
+    return _Inputs(source, layer_ids, num_layers, hidden, data_dir, samples, manifest)
 
-    per_token = bytes_per_token(hidden, len(layer_ids), options.dtype)
-    samples, report.samples_capped = _cap(samples, options.max_gb, per_token)
+
+def _plan_work(run: _Run, inputs: _Inputs, done: dict[str, ShardRecord]) -> _Work:
+    """Plan every split's shards over the samples --max-gb keeps; this rank's are those not ``done``. The report gets
+    the samples left out, the shards skipped and the bytes to write."""
+    options, report = run.options, run.report
+    per_token = bytes_per_token(inputs.hidden_size, len(inputs.layer_ids), options.dtype)
+    samples, report.samples_capped = _cap(inputs.samples, options.max_gb, per_token)
     shard_tokens = max(1, options.shard_mb * 2**20 // per_token)
     plans = {split: plan_shards([len(s.input_ids) for s in rows], options.token_budget, options.max_batch, shard_tokens)
              for split, rows in samples.items()}
-    todo = [(split, plan) for split, split_plans in plans.items() for plan in split_plans
-            if plan.index % world == rank and shard_name(split, plan.index) not in done]
-    report.shards_skipped = sum(1 for split, p in plans.items() for plan in p if plan.index % world == rank) - len(todo)
-    todo_tokens = sum(len(samples[split][i].input_ids) for split, plan in todo for i in plan.samples)
-    report.estimated_bytes = todo_tokens * per_token
-    free = check_space(out, report.estimated_bytes, options.force, "the capture",
-                       ", cap it with --max-gb, store --dtype fp8 (half of bf16)")
-    print(f"capture (rank {rank}): about {human_bytes(report.estimated_bytes)} to write, {human_bytes(free)} free at {out}",
-          flush=True)
-    out.mkdir(parents=True, exist_ok=True)
+    mine = [(split, plan) for split, split_plans in plans.items() for plan in split_plans if plan.index % run.world == run.rank]
+    todo = [(split, plan) for split, plan in mine if shard_name(split, plan.index) not in done]
+    report.shards_skipped = len(mine) - len(todo)
+    tokens = sum(len(samples[split][i].input_ids) for split, plan in todo for i in plan.samples)
+    report.estimated_bytes = tokens * per_token
+    return _Work(samples, plans, done, todo, tokens)
 
-    states = _state_source(options, source, layer_ids, device, num_layers, todo, samples, loaded)
-    records = list(done.values())
+
+def _make_room(run: _Run) -> None:
+    """Refuse (unless --force) when the disk is short of the planned bytes, say how much, and create --out."""
+    free = check_space(run.out, run.report.estimated_bytes, run.options.force, "the capture",
+                       ", cap it with --max-gb, store --dtype fp8 (half of bf16)")
+    print(f"capture (rank {run.rank}): about {human_bytes(run.report.estimated_bytes)} to write, {human_bytes(free)} free "
+          f"at {run.out}", flush=True)
+    run.out.mkdir(parents=True, exist_ok=True)
+
+
+def _write_shards(run: _Run, manifest: StoreManifest, work: _Work, states) -> None:
+    """Capture this rank's shards still to write and write each on a writer thread; each one on disk is recorded in the
+    rank's partial manifest (``manifest.rank{r}.json``) and counted in the report."""
+    report = run.report
+    records = list(work.done.values())
     loop_started = time.perf_counter()
 
     def recorder(split: str, plan: ShardPlan, rows: list):
@@ -121,7 +188,7 @@ def capture(options: CaptureOptions, loaded=None) -> CaptureReport:
             size, digest = result
             tokens = sum(len(s.input_ids) for s in rows)
             records.append(ShardRecord(shard_name(split, plan.index), split, plan.index, [s.id for s in rows], tokens, size, digest))
-            StoreManifest(**{**asdict(manifest), "shards": records}).save(out / f"manifest.rank{rank}.json")
+            StoreManifest(**{**asdict(manifest), "shards": records}).save(run.out / f"manifest.rank{run.rank}.json")
             report.shards_written += 1
             report.samples_written += len(rows)
             report.tokens_written += tokens
@@ -130,27 +197,19 @@ def capture(options: CaptureOptions, loaded=None) -> CaptureReport:
 
         return on_written
 
-    with progress_bar(f"capture (rank {rank}/{world})" if world > 1 else "capture", total=todo_tokens, unit="tok") as bar, \
-            ShardWriterPool(workers=options.writer_threads, max_pending=options.writer_threads + 4) as writers:
-        for split, plan in todo:
-            rows = [samples[split][i] for i in plan.samples]
+    label = f"capture (rank {run.rank}/{run.world})" if run.world > 1 else "capture"
+    writer_threads = run.options.writer_threads
+    with progress_bar(label, total=work.tokens, unit="tok") as bar, \
+            ShardWriterPool(workers=writer_threads, max_pending=writer_threads + 4) as writers:
+        for split, plan in work.todo:
+            rows = [work.samples[split][i] for i in plan.samples]
             packs = []
             for pack in states(split, plan):
                 manifest.compute_dtype = pack.compute_dtype  # what capture --check judges the states' noise by
                 packs.append(pack)
                 bar(pack.tokens)
-            writers.submit(lambda p=out / shard_name(split, plan.index), k=packs: _write(p, k), recorder(split, plan, rows))
+            writers.submit(lambda p=run.out / shard_name(split, plan.index), k=packs: _write(p, k), recorder(split, plan, rows))
     report.capture_seconds = time.perf_counter() - loop_started
-    if options.engine == "vllm":
-        from eyas.capture.vllm_client import engine_used
-        from eyas.capture.vllm_states import WORKDIR
-
-        manifest.vllm_engine = engine_used(out / WORKDIR)
-    _finish(out, data_dir, manifest, plans, world, rank)
-    if options.engine == "vllm" and rank == 0:
-        shutil.rmtree(out / ".vllm", ignore_errors=True)  # the store is complete: vLLM's raw files are no longer needed
-    report.seconds = time.perf_counter() - started
-    return report
 
 
 def _load_samples(data_dir: Path, splits) -> dict:
@@ -206,12 +265,13 @@ def _cap(samples: dict, max_gb: float | None, per_token: int) -> tuple[dict, int
     return kept, dropped
 
 
-def _state_source(options, source, layer_ids, device, num_layers, todo, samples, loaded=None):
+def _state_source(options: CaptureOptions, inputs: _Inputs, work: _Work, device, loaded=None):
     """A function (split, shard plan) → per-sample (aux, final), from the HF model or from vLLM."""
+    layer_ids, samples = inputs.layer_ids, work.samples
     if options.engine == "vllm":
         from eyas.capture.vllm_states import vllm_states
 
-        return vllm_states(options, source, layer_ids, num_layers, todo, samples)
+        return vllm_states(options, inputs.source, layer_ids, inputs.num_layers, work.todo, samples)
     from eyas.target import capture_hidden_states, load_target
 
     target = loaded or load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
@@ -237,12 +297,24 @@ def _write(path: Path, packs: list) -> tuple[int, str]:
         return write_shard(path, packs)
 
 
-def _finish(out: Path, data_dir: Path, manifest: StoreManifest, plans: dict, world: int, rank: int) -> None:
-    """Rank 0 copies the draft vocabulary into the store and merges the partial manifests into manifest.json once every
-    rank is done."""
+def _finish(run: _Run, inputs: _Inputs, plans: dict) -> None:
+    """Once every rank is done, rank 0 completes the store: manifest.json (with the vLLM engine that captured, if one
+    did), then vLLM's raw files are removed."""
+    if run.options.engine == "vllm":
+        from eyas.capture.vllm_client import engine_used
+        from eyas.capture.vllm_states import WORKDIR
+
+        inputs.manifest.vllm_engine = engine_used(run.out / WORKDIR)
     barrier()
-    if rank != 0:
+    if run.rank != 0:
         return
+    _merge_manifests(run.out, inputs.data_dir, inputs.manifest, plans)
+    if run.options.engine == "vllm":
+        shutil.rmtree(run.out / WORKDIR, ignore_errors=True)  # the store is complete: vLLM's raw files are no longer needed
+
+
+def _merge_manifests(out: Path, data_dir: Path, manifest: StoreManifest, plans: dict) -> None:
+    """Copy the draft vocabulary into the store and merge the ranks' partial manifests into manifest.json, complete."""
     partials = sorted(out.glob("manifest.rank*.json"))
     loaded = [StoreManifest.load(p) for p in partials]
     records = {r.file: r for m in loaded for r in m.shards}
