@@ -189,3 +189,27 @@ def test_the_options_schema_imports_no_torch():
                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == []
+
+
+def test_rooms_import_only_what_the_architecture_map_lists():
+    """docs/architecture.md, "What may import what", lists every import between rooms (a package or top-level module of
+    src/eyas); the code may not import across rooms otherwise, and every listed import must still exist."""
+    doc = (SRC.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("## What may import what", 1)[1].split("\n## ", 1)[0]
+    listed = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            listed[cells[0].strip("`")] = {name.strip(" `") for name in cells[1].split(",") if name.strip(" `—")}
+
+    def room(module: str) -> str:
+        return module.split(".")[1] if "." in module else module
+
+    actual: dict[str, set[str]] = {}
+    for module, imported in import_graph().items():
+        actual.setdefault(room(module), set()).update(room(m) for m in imported if room(m) != room(module))
+    unlisted = {r: sorted(to - listed.get(r, set())) for r, to in actual.items() if to - listed.get(r, set())}
+    gone = {r: sorted(to - actual.get(r, set())) for r, to in listed.items() if to - actual.get(r, set())}
+    assert not unlisted, f"imports between rooms that docs/architecture.md does not list (add them there, or don't): {unlisted}"
+    assert not gone, f"docs/architecture.md lists imports that no longer exist (remove them there): {gone}"
+    assert set(listed) == set(actual), f"rooms: the map has {sorted(set(listed) ^ set(actual))} differently"
