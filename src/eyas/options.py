@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eyas.errors import EyasError, OptionError
-from eyas.speculation import DRAFT_SAMPLING, DRAWN_TREES_FROM, MODE_SPELLING, VERIFICATION, parse_mode
+from eyas.speculation import DRAFT_SAMPLING, DRAWN_TREES_FROM, MODE_SPELLING, VERIFICATION, Sampling, parse_mode
 
 
 @dataclass(frozen=True)
@@ -216,10 +216,8 @@ class EngineOptions(Options):
     lean: bool = option(True, "decode Llama-family targets through eyas' fused Llama forward (q/k/v and gate/up one "
                         "matmul each); --no-lean: the model's own forward", flag="--lean/--no-lean")
 
-    def sampling(self):
-        """The :class:`eyas.engine.acceptance.Sampling` these options ask for."""
-        from eyas.engine.acceptance import Sampling
-
+    def sampling(self) -> Sampling:
+        """The :class:`eyas.speculation.Sampling` these options ask for."""
         return Sampling(self.temperature, self.top_p, self.seed, self.draft_sampling, self.verification)
 
 

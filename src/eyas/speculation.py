@@ -1,5 +1,6 @@
 """What speculative decoding is asked to do, by name: a mode (a chain or an EAGLE-2 tree) and how ``--mode`` spells
-it, and the names of the sampling rules a sampled round may follow.
+it, the names of the sampling rules a sampled round may follow, and a request's :class:`Sampling` (temperature,
+top-p, seed, rule).
 
 ``chain:K`` drafts K tokens greedily; ``tree:TOTAL,DEPTH,TOPK`` grows a dynamic tree (the EAGLE reference's is
 tree:60,7,10). The rules themselves run in :mod:`eyas.engine.acceptance`; the caches a mode needs are sized in
@@ -9,7 +10,7 @@ on: it imports nothing but :mod:`eyas.errors` (no torch), so an options field ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eyas.errors import EyasError
 
@@ -108,3 +109,59 @@ def parse_modes(text: str) -> list[Speculation]:
     if not parsed:
         raise ModeError(text, f"must be one or more of {MODE_SPELLING}")
     return parsed
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature 0 = greedy; top_p filters the target's distribution as transformers does. With T > 0:
+    ``draft_sampling`` (:data:`DRAFT_SAMPLING`) and ``verification`` (:data:`VERIFICATION`) choose the rule."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    draft_sampling: str = "auto"
+    verification: str = "standard"
+
+    def __post_init__(self):
+        if self.draft_sampling not in DRAFT_SAMPLING:
+            raise EyasError(f"draft sampling {self.draft_sampling!r}: one of {', '.join(DRAFT_SAMPLING)}")
+        if self.verification not in VERIFICATION:
+            raise EyasError(f"verification {self.verification!r}: one of {', '.join(VERIFICATION)}")
+
+    def resolved(self, mode: str) -> Sampling:
+        """The rule a ``mode`` ("plain", "chain", "tree") runs: ``draft_sampling="auto"`` draws a chain's drafts from
+        the drafter, and a tree's from :data:`DRAWN_TREES_FROM` up, below which it keeps a tree's top-k (measured,
+        BENCHMARKS.md "Sampling": drawn chains accepted more at T = 1 and 0.7 on every dataset; drawn trees on every
+        dataset at T = 1, on two of three at 0.7, where a dynamic tree's depth pays on code); plain decoding drafts
+        nothing."""
+        if self.greedy:  # no rule: the argmax everywhere
+            return replace(self, draft_sampling="greedy", verification="standard")
+        if self.draft_sampling != "auto":
+            return self
+        drawn = mode == "chain" or (mode == "tree" and self.temperature >= DRAWN_TREES_FROM)
+        return replace(self, draft_sampling="probabilistic" if drawn else "greedy")
+
+    def check_mode(self, mode: str) -> None:
+        """Refuse a rule a decoding mode cannot run: block verification is a chain rule."""
+        if self.greedy or mode != "tree":
+            return
+        if self.verification != "standard":
+            raise EyasError("--verification block judges a chain's drafts together: run it with chain modes (a tree "
+                            "is verified token by token)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def rule_label(self) -> str:
+        """How reports name the rule beside a mode: "" (the drafter's argmax or top-k, token by token), "drawn"
+        (drafts drawn from the drafter), "block" (block verification) or "drawn+block"."""
+        parts = [name for name, on in (("drawn", self.draft_sampling == "probabilistic"),
+                                       ("block", self.verification == "block")) if on]
+        return "+".join(parts)
+
+    @property
+    def recorded(self) -> tuple:
+        """What a recording of a sampled round bakes in: everything but the seed (which only picks the uniforms)."""
+        return self.temperature, self.top_p, self.draft_sampling, self.verification

@@ -20,7 +20,7 @@ from eyas.options import (
     vllm_args_option,
     vllm_python_option,
 )
-from eyas.speculation import MODE_SPELLING, parse_modes
+from eyas.speculation import MODE_SPELLING, Sampling, parse_modes
 
 ENGINES = ("eyas", "vllm")
 
@@ -81,10 +81,8 @@ class BenchOptions(EngineOptions):
     force: bool = force_option()
 
     def samplings(self) -> list:
-        """Each sampling rule to decode with (:class:`eyas.engine.acceptance.Sampling`), temperature by temperature:
+        """Each sampling rule to decode with (:class:`eyas.speculation.Sampling`), temperature by temperature:
         every --draft-sampling with every --verification; greedy decoding (T = 0) has one rule."""
-        from eyas.engine.acceptance import Sampling
-
         return [Sampling(temperature, self.top_p, self.seed) if temperature <= 0 else
                 Sampling(temperature, self.top_p, self.seed, drafts, verification)
                 for temperature in dict.fromkeys(self.temperature)

@@ -30,69 +30,10 @@ round is recorded and replayed in bursts as a greedy one is. Each rule's output 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 
-from eyas.errors import EyasError
 from eyas.sampling import draw, sampling_probs
-from eyas.speculation import DRAFT_SAMPLING, DRAWN_TREES_FROM, VERIFICATION
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """temperature 0 = greedy; top_p filters the target's distribution as transformers does. With T > 0:
-    ``draft_sampling`` (:data:`DRAFT_SAMPLING`) and ``verification`` (:data:`VERIFICATION`) choose the rule."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    draft_sampling: str = "auto"
-    verification: str = "standard"
-
-    def __post_init__(self):
-        if self.draft_sampling not in DRAFT_SAMPLING:
-            raise EyasError(f"draft sampling {self.draft_sampling!r}: one of {', '.join(DRAFT_SAMPLING)}")
-        if self.verification not in VERIFICATION:
-            raise EyasError(f"verification {self.verification!r}: one of {', '.join(VERIFICATION)}")
-
-    def resolved(self, mode: str) -> Sampling:
-        """The rule a ``mode`` ("plain", "chain", "tree") runs: ``draft_sampling="auto"`` draws a chain's drafts from
-        the drafter, and a tree's from :data:`DRAWN_TREES_FROM` up, below which it keeps a tree's top-k (measured,
-        BENCHMARKS.md "Sampling": drawn chains accepted more at T = 1 and 0.7 on every dataset; drawn trees on every
-        dataset at T = 1, on two of three at 0.7, where a dynamic tree's depth pays on code); plain decoding drafts
-        nothing."""
-        if self.greedy:  # no rule: the argmax everywhere
-            return replace(self, draft_sampling="greedy", verification="standard")
-        if self.draft_sampling != "auto":
-            return self
-        drawn = mode == "chain" or (mode == "tree" and self.temperature >= DRAWN_TREES_FROM)
-        return replace(self, draft_sampling="probabilistic" if drawn else "greedy")
-
-    def check_mode(self, mode: str) -> None:
-        """Refuse a rule a decoding mode cannot run: block verification is a chain rule."""
-        if self.greedy or mode != "tree":
-            return
-        if self.verification != "standard":
-            raise EyasError("--verification block judges a chain's drafts together: run it with chain modes (a tree "
-                            "is verified token by token)")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
-
-    @property
-    def rule_label(self) -> str:
-        """How reports name the rule beside a mode: "" (the drafter's argmax or top-k, token by token), "drawn"
-        (drafts drawn from the drafter), "block" (block verification) or "drawn+block"."""
-        parts = [name for name, on in (("drawn", self.draft_sampling == "probabilistic"),
-                                       ("block", self.verification == "block")) if on]
-        return "+".join(parts)
-
-    @property
-    def recorded(self) -> tuple:
-        """What a recording of a sampled round bakes in: everything but the seed (which only picks the uniforms)."""
-        return self.temperature, self.top_p, self.draft_sampling, self.verification
+from eyas.speculation import Sampling  # the request's rule (re-exported here: the engine's importers)
 
 
 def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
