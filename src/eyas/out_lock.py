@@ -29,14 +29,17 @@ from pathlib import Path
 
 from eyas.outputs import OutputError
 
-_held: dict[str, list[int]] = {}  # absolute output path → [lock file descriptor, depth] for locks this process holds
+_held: set[str] = set()  # the absolute output paths whose locks this process holds
 
 
 def lock_path(out: Path) -> Path:
     """The lock file of output directory ``out`` (which need not exist yet)."""
+    return _lock_file(_key(out))
+
+
+def _lock_file(key: str) -> Path:
     from eyas.target.gguf import cache_dir
 
-    key = _key(out)
     return cache_dir() / "locks" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"
 
 
@@ -48,14 +51,10 @@ def writer_lock(out: Path, stage: str, option: str = "--out") -> Iterator[None]:
         yield
         return
     key = _key(out)
-    if key in _held:  # this process holds it already
-        _held[key][1] += 1
-        try:
-            yield
-        finally:
-            _held[key][1] -= 1
+    if key in _held:  # this process holds it already: the outermost holder releases it
+        yield
         return
-    path = lock_path(out)
+    path = _lock_file(key)
     made = _make_directories(path.parent)
     try:
         fd = _acquire(path, out, option)
@@ -66,10 +65,10 @@ def writer_lock(out: Path, stage: str, option: str = "--out") -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"stage": stage, "pid": os.getpid(), "host": socket.gethostname(), "out": key,
                                   "since": datetime.datetime.now().isoformat(timespec="seconds")}).encode(), 0)
-        _held[key] = [fd, 1]
+        _held.add(key)
         yield
     finally:
-        _held.pop(key, None)
+        _held.discard(key)
         try:  # removed while still locked, so whoever opens the name next finds a new file (see _acquire)
             path.unlink()
         except FileNotFoundError:

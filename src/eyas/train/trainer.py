@@ -94,7 +94,6 @@ class _Run:
     record: dict = field(default_factory=dict)  # the last step's metrics (a resumed run starts from its checkpoint's)
     earlier_seconds: float = 0.0  # the segments before this one
     run_record: dict = field(default_factory=dict)  # run.json: the options and segments (new, or the resumed one's)
-    grad_norm: torch.Tensor | None = None  # the last step's, before clipping
 
     @property
     def lead(self) -> bool:
@@ -247,9 +246,9 @@ def _steps(run: _Run) -> None:
             upcoming = [next(stream) for _ in range(run.per_step)]
             loader.ahead(i for _, _, i in upcoming[rank::world])
             run.epoch, run.index = global_items[-1][0], global_items[-1][1]  # data position after this step
-            tokens, tallies = _step(run, loader, global_items[rank::world])
+            tokens, tallies, grad_norm = _step(run, loader, global_items[rank::world])
             segment_tokens += tokens
-            accuracy = _record(run, tokens, tallies, segment_tokens / max(time.perf_counter() - started, 1e-9))
+            accuracy = _record(run, tokens, tallies, grad_norm, segment_tokens / max(time.perf_counter() - started, 1e-9))
             stopping = stop.agreed() and run.step < run.total_steps  # every rank stops after the same step
             _log_and_checkpoint(run, stopping, time.perf_counter() - started)
             bar(1)
@@ -261,9 +260,9 @@ def _steps(run: _Run) -> None:
     run.report.seconds = run.earlier_seconds + time.perf_counter() - started
 
 
-def _step(run: _Run, loader, mine: list) -> tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def _step(run: _Run, loader, mine: list) -> tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """One optimizer step over this rank's micro-batches ``mine``; gradients averaged over ranks → (tokens over all
-    ranks, the step's (losses, hits, counted) tallies read back)."""
+    ranks, the step's (losses, hits, counted) tallies read back, the gradient norm before clipping)."""
     options, setup, world = run.options, run.setup, run.world
     # Tallies stay on the device until the step ends: reading one back per TTT step would make the
     # host wait for the GPU 21 times a batch instead of queueing the next kernels.
@@ -285,18 +284,18 @@ def _step(run: _Run, loader, mine: list) -> tuple[int, tuple[torch.Tensor, torch
             all_reduce_sum(tally)
         losses /= world
         tokens = int(all_reduce_sum(torch.tensor(tokens)))
-    run.grad_norm = torch.nn.utils.clip_grad_norm_(setup.drafter.trainable_parameters(), options.clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(setup.drafter.trainable_parameters(), options.clip)
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     run.step += 1
-    return tokens, (losses.cpu(), correct.cpu(), counted.cpu())
+    return tokens, (losses.cpu(), correct.cpu(), counted.cpu()), grad_norm
 
 
-def _record(run: _Run, tokens: int, tallies: tuple, tokens_per_s: float) -> list[float]:
+def _record(run: _Run, tokens: int, tallies: tuple, grad_norm: torch.Tensor, tokens_per_s: float) -> list[float]:
     """The step's metrics line (``run.record``) from its tallies → each tally's accuracy."""
     losses, correct, counted = tallies
-    grad_norm = run.grad_norm.full_tensor() if hasattr(run.grad_norm, "full_tensor") else run.grad_norm
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # sharded: a DTensor
     run.report.tokens += tokens
     accuracy = (correct / counted.clamp(min=1)).tolist()
     run.record = {"step": run.step, "epoch": run.epoch, "loss": float((losses * torch.tensor(run.weights)).sum()),
