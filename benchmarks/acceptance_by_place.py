@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from eyas.data.vocab import load_vocab
-from eyas.drafter.ttt import shift_left
-from eyas.export.load import load_drafter
+from eyas.families.eagle3.ttt import shift_left
+from eyas.families.eagle3.load import load_drafter
 from eyas.target import load_target
 from eyas.train.data import OnlineSource
-from eyas.train.evaluate import answer_places, unroll
+from eyas.families.eagle3.evaluate import answer_places, unroll
 from eyas.train.trainer import training_autocast
 
 PLACES = ((0, 64), (64, 128), (128, 256), (256, 512), (512, 1 << 30))

@@ -3,7 +3,7 @@
 `eyas train` evaluates a run on its own DATA_DIR's holdout. Runs trained on different data (a data-scaling sweep:
 more conversations, a second answer per prompt sampled at T = 0.8) hold out different samples, so their own τ do
 not compare. Here each drafter is scored on the same holdouts — e.g. the T = 0 answers and the T = 0.8 answers of
-the same held-out conversations — with the evaluation `eyas train` runs (``eyas.train.evaluate``: training-time
+the same held-out conversations — with the evaluation `eyas train` runs (``eyas.families.eagle3.evaluate``: training-time
 test against the target's greedy choices, the target run online).
 
   python3 benchmarks/holdout_tau.py --target ~/stage/smollm2.gguf --draft DRAFT_DIR [DRAFT_DIR ...] \
@@ -35,10 +35,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the table as JSON here too")
     args = parser.parse_args()
 
-    from eyas.export.load import load_drafter
+    from eyas.families.eagle3.load import load_drafter
     from eyas.target import load_target
     from eyas.train.data import OnlineSource
-    from eyas.train.evaluate import evaluate
+    from eyas.families.eagle3.evaluate import evaluate
     from eyas.train.options import TrainOptions
     from eyas.train.trainer import training_autocast
 

@@ -3,8 +3,8 @@
     PYTHONPATH=src python3 benchmarks/kimi_estimate.py [--out DIR] [--ttt-steps 7]
 
 Memory per stage (the rehearsal target's weights, a capture batch, the drafter's weights/gradients/AdamW, the TTT
-unroll and its loss kept for backward, measured on meta tensors by eyas.drafter.memory), rates expected at 40 % MFU
-from eyas.drafter.flops, the disk plan per storage dtype, and how long this host takes to widen one fp8 batch to
+unroll and its loss kept for backward, measured on meta tensors by eyas.families.eagle3.memory), rates expected at 40 % MFU
+from eyas.families.eagle3.flops, the disk plan per storage dtype, and how long this host takes to widen one fp8 batch to
 float32 (what the GPU waited for before offline batches travelled in storage form). Writes run.json, estimate.json.
 """
 
@@ -35,9 +35,9 @@ def main() -> None:
 
 def estimate(args) -> dict:
     """Memory per stage and rates expected from FLOPs, computed on the CPU."""
-    from eyas.drafter.config import drafter_config_from_target
-    from eyas.drafter.flops import H200_BF16_DENSE, training_flops
-    from eyas.drafter.memory import ttt_saved_bytes
+    from eyas.families.eagle3.config import drafter_config_from_target
+    from eyas.families.eagle3.flops import H200_BF16_DENSE, training_flops
+    from eyas.families.eagle3.memory import ttt_saved_bytes
     from eyas.store import fp8
     from eyas.store.shards import bytes_per_token
     from eyas.target.rehearsal import RehearsalConfig, RehearsalForConditionalGeneration, kimi_text_config
@@ -49,7 +49,7 @@ def estimate(args) -> dict:
     per_layer_active = 101.0e6 + 9 * 3 * 7168 * 2048  # MLA + 8 routed + 1 shared experts (layer 0: dense, the same)
     prefill_flops = 2 * 61 * per_layer_active  # per token, logits_to_keep=1 (attention scores ~1 % more at T ≈ 1.7 k)
     config = drafter_config_from_target(text, LAYER_IDS, DRAFT_VOCAB)
-    from eyas.drafter.model import Eagle3Drafter
+    from eyas.families.eagle3.model import Eagle3Drafter
 
     with torch.device("meta"):
         drafter = Eagle3Drafter(config)

@@ -15,9 +15,9 @@ benchmarks/kimi_estimate.py computes, on the CPU, what these groups should find 
 - capture: bare prefill (use_cache off, logits_to_keep 1) and `eyas capture` into the store in bf16 and fp8, on the
   same batches, interleaved (each capture between two prefill runs, its ratio against their mean); GPU busy share of
   each under torch.profiler; bytes per token; the disk plan for 17.3 M and 6 B tokens.
-- train: the trainer's own micro-batch (eyas.train.trainer.micro_batch) and loader (Prefetcher), offline from an fp8
+- train: the trainer's own micro-batch (eyas.families.eagle3.objective.micro_batch) and loader (Prefetcher), offline from an fp8
   store captured first, or online with the target in the loop; tokens/s after warm-up, peak memory, MFU by
-  eyas.drafter.flops (the formula is written out there) against 989 TFLOP/s, GPU busy share and the kernels that
+  eyas.families.eagle3.flops (the formula is written out there) against 989 TFLOP/s, GPU busy share and the kernels that
   take the GPU's time (three steps under torch.profiler).
 - export: `eyas train` for 2 steps from a small fp8 store, `eyas export` (bf16) and `eyas check`; sizes on disk.
 """
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="train: untimed first steps (compilation, allocator)")
     parser.add_argument("--ttt-steps", type=int, default=7)
     parser.add_argument("--attention", default=None, help="train: the TTT attention(s) on the GPU, comma-separated: each timed "
-                        "on the same batches in this one process (eyas.drafter.ttt.ATTENTION; default: CUDA_ATTENTION)")
+                        "on the same batches in this one process (eyas.families.eagle3.ttt.ATTENTION; default: CUDA_ATTENTION)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reduced", action="store_true", help="the same run at eyas.target.rehearsal's reduced widths "
                         "(vocab 2,048, draft vocab 256): a CPU smoke run of a group before spending GPU time on it")
@@ -232,13 +232,14 @@ def capture_group(args) -> dict:
 # --- train (GPU) -----------------------------------------------------------------------------------------------------
 
 def train_group(args) -> dict:
-    import eyas.drafter.ttt as ttt
+    import eyas.families.eagle3.ttt as ttt
     from eyas.capture.options import CaptureOptions
     from eyas.capture.stage import capture
-    from eyas.drafter.flops import mfu, training_flops
+    from eyas.families.eagle3.flops import mfu, training_flops
     from eyas.train.data import Prefetcher
     from eyas.train.options import TrainOptions
-    from eyas.train.trainer import micro_batch, setup_training, training_autocast
+    from eyas.families.eagle3.objective import micro_batch
+    from eyas.train.trainer import setup_training, training_autocast
 
     attentions = (args.attention or ttt.CUDA_ATTENTION).split(",")
     budget = args.token_budget or 8192

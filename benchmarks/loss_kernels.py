@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from eyas.drafter.loss import step_loss, target_signal
+from eyas.families.eagle3.loss import step_loss, target_signal
 
 
 def main() -> None:

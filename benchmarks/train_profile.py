@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from eyas.drafter.loss import step_loss, target_signal
-from eyas.drafter.ttt import ttt_steps
+from eyas.families.eagle3.loss import step_loss, target_signal
+from eyas.families.eagle3.ttt import ttt_steps
 from eyas.train.options import TrainOptions
 from eyas.train.trainer import setup_training, training_autocast
 

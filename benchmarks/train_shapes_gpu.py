@@ -1,6 +1,6 @@
 """Training tokens/s of variants of the trainer's step, the same data, one process per variant (each starts with empty
 per-shape caches: cuDNN's attention graphs, compiled kernels), in one call. A variant is a batch-width multiple
-(eyas.train.data.batch_width: widths rounded up to it; 1 = unrounded) and a TTT attention (eyas.drafter.ttt.ATTENTION:
+(eyas.train.data.batch_width: widths rounded up to it; 1 = unrounded) and a TTT attention (eyas.families.eagle3.ttt.ATTENTION:
 "concat", the GPU default, or "split").
 
     python benchmarks/train_shapes_gpu.py --target ~/stage/smollm2.gguf --data DATA_DIR [--steps 100]
@@ -27,11 +27,12 @@ import torch
 
 
 def run_variant(args: argparse.Namespace) -> dict:
-    import eyas.drafter.ttt as ttt
+    import eyas.families.eagle3.ttt as ttt
     import eyas.train.data as data
     from eyas.train.data import epoch_order
     from eyas.train.options import TrainOptions
-    from eyas.train.trainer import micro_batch, setup_training, training_autocast
+    from eyas.families.eagle3.objective import micro_batch
+    from eyas.train.trainer import setup_training, training_autocast
 
     data.SHAPE_MULTIPLE = args.multiple  # width_multiple reads it when the sources are built (on CUDA)
     ttt.CUDA_ATTENTION = args.attention  # ttt_steps reads it at each call (on CUDA)
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--token-budget", type=int, default=16384)
     parser.add_argument("--ttt-steps", type=int, default=7)
     parser.add_argument("--multiples", default="64,1", help="the variants: batch widths rounded to these")
-    parser.add_argument("--attentions", default="concat", help="and these TTT attentions (eyas.drafter.ttt.ATTENTION)")
+    parser.add_argument("--attentions", default="concat", help="and these TTT attentions (eyas.families.eagle3.ttt.ATTENTION)")
     parser.add_argument("--multiple", type=int, help=argparse.SUPPRESS)  # one variant, in a process of its own
     parser.add_argument("--attention", default="concat", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)

@@ -38,9 +38,9 @@ from eyas.data.benchmarks import holdout_prompts, load_prompts
 from eyas.engine.decode import Speculation, generate
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
-from eyas.export.eagle3 import draft_config, draft_tensors
+from eyas.families.eagle3.export import draft_config, draft_tensors
 from eyas.export.files import write_draft_dir
-from eyas.export.load import import_draft_dir, load_drafter
+from eyas.families.eagle3.load import import_draft_dir, load_drafter
 from eyas.target.layout import text_config
 from eyas.target.loading import load_target, resolve_target, stop_ids
 

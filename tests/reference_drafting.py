@@ -3,7 +3,7 @@
 ``prefill`` runs the layer over positions whose target states are known (hidden = fc(aux)), causally,
 and fills a growing cache. ``step`` then chains: its hidden is the previous pre-norm output, its token the
 previous draft (as a target id), at the next position, attending to everything cached plus itself.
-The training-time test (:mod:`eyas.drafter.ttt`) must give exactly these logits, and the engine's drafter
+The training-time test (:mod:`eyas.families.eagle3.ttt`) must give exactly these logits, and the engine's drafter
 (:mod:`eyas.engine.draft_runner`) must draft these tokens: tests pin both to this reference.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from eyas.drafter.model import Eagle3Drafter
+from eyas.families.eagle3.model import Eagle3Drafter
 
 
 @dataclass

@@ -33,7 +33,7 @@ from eyas.train.options import TrainOptions
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny target, a DATA_DIR (with and without holdout samples) and a random drafter for it."""
-    from eyas.export.eagle3 import draft_config, draft_tensors
+    from eyas.families.eagle3.export import draft_config, draft_tensors
     from eyas.export.files import write_draft_dir
     from test_drafter_consistency import random_drafter, tiny_config
     from test_import_layouts import weights

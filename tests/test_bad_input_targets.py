@@ -40,7 +40,7 @@ def put(path, content: bytes):
 
 def write_random_draft(directory, change=lambda config: None):
     """A random drafter for the tiny GGUF's vocabulary (260 tokens), exported into ``directory``."""
-    from eyas.export.eagle3 import draft_config, draft_tensors
+    from eyas.families.eagle3.export import draft_config, draft_tensors
     from eyas.export.files import write_draft_dir
     from test_drafter_consistency import random_drafter, tiny_config
     from test_import_layouts import weights
@@ -268,7 +268,7 @@ def test_gemma3_drafter_exports_the_rope_it_was_trained_with_flat(tmp_path):
     assert "rope_scaling" not in config and not any(isinstance(v, dict) for v in config["rope_parameters"].values())
     hash(tuple(config["rope_parameters"].items()))  # SGLang and vLLM key their RoPE caches on these items
 
-    from eyas.export.load import load_drafter
+    from eyas.families.eagle3.load import load_drafter
 
     drafter = load_drafter(tmp_path / "draft", gemma.get_input_embeddings().weight, zoo.LAYERS)
     engine_reads = LlamaRotaryEmbedding(LlamaConfig.from_dict(config)).inv_freq
@@ -278,7 +278,7 @@ def test_gemma3_drafter_exports_the_rope_it_was_trained_with_flat(tmp_path):
 
 
 def test_a_drafter_config_from_earlier_eyas_exports_the_theta_it_trained_with():
-    from eyas.export.eagle3 import draft_config
+    from eyas.families.eagle3.export import draft_config
     from test_drafter_consistency import tiny_config
 
     earlier = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},

@@ -13,7 +13,7 @@ from eyas.data.benchmarks import holdout_prompts, humaneval_problems, load_promp
 from eyas.data.samples import Sample, read_samples, write_samples
 from eyas.engine.modes import parse_mode, parse_modes
 from eyas.errors import EyasError
-from eyas.export.eagle3 import draft_config, draft_tensors
+from eyas.families.eagle3.export import draft_config, draft_tensors
 from eyas.export.files import write_draft_dir
 from test_import_layouts import weights
 

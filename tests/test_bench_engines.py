@@ -208,8 +208,9 @@ def test_rows_speedup_against_the_same_engine_and_level():
 
 
 def test_a_dflash_drafter_runs_in_vllm_with_its_block_and_in_eyas_engine(setup, fake_vllm, tmp_path):  # noqa: F811
-    from eyas.drafter.dflash import DFlashDrafter, dflash_config_from_target
-    from eyas.export.dflash import write_dflash_dir
+    from eyas.families.dflash.config import dflash_config_from_target
+    from eyas.families.dflash.export import write_dflash_dir
+    from eyas.families.dflash.model import DFlashDrafter
     from eyas.target.loading import load_target_config
 
     _, target, _ = setup

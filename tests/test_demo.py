@@ -12,7 +12,7 @@ from eyas.cli import app
 
 def random_demo_drafter(directory):
     """A random-weight EAGLE-3 drafter of the demo target's widths (SmolLM2-135M: H 576, 30 layers), exported."""
-    from eyas.export.eagle3 import draft_config, draft_tensors
+    from eyas.families.eagle3.export import draft_config, draft_tensors
     from eyas.export.files import write_draft_dir
     from test_drafter_consistency import random_drafter, tiny_config
     from test_import_layouts import weights

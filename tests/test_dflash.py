@@ -1,4 +1,4 @@
-"""The DFlash block drafter (eyas.drafter.dflash): training computes what drafting computes, block by block; a block
+"""The DFlash block drafter (eyas.families.dflash): training computes what drafting computes, block by block; a block
 sees only the context before its anchor and itself; the loss is the slots' weighted cross-entropy; the published
 layer-id rule in eyas' meaning."""
 
@@ -6,12 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from eyas.drafter.dflash import (
-    DFlashConfig,
+from eyas.families.dflash.config import DFlashConfig, default_dflash_layer_ids, dflash_ids
+from eyas.families.dflash.model import (
     DFlashDrafter,
     accepted_runs,
-    default_dflash_layer_ids,
-    dflash_ids,
     dflash_loss,
     propose,
     sample_anchors,
@@ -157,7 +155,7 @@ def test_parameter_names_are_the_checkpoint_names_vllm_loads():
 def test_export_writes_what_vllm_reads_and_reads_back_the_same_drafter(tmp_path):
     import json
 
-    from eyas.export.dflash import load_dflash_dir, write_dflash_dir
+    from eyas.families.dflash.export import load_dflash_dir, write_dflash_dir
 
     drafter, embed, lm_head = build(layers=2)
     write_dflash_dir(tmp_path / "draft", drafter, "fp32", max_position_embeddings=2048)
@@ -185,8 +183,8 @@ def test_eyas_check_holds_a_dflash_directory_to_what_vllm_loads(tmp_path):
     import json
 
     from eyas.export.check import check_draft_dir
-    from eyas.export.dflash import write_dflash_dir
     from eyas.export.fit import TargetSizes
+    from eyas.families.dflash.export import write_dflash_dir
 
     drafter, _, _ = build(layers=2)
     write_dflash_dir(tmp_path / "draft", drafter, "bf16", max_position_embeddings=2048)
@@ -214,8 +212,8 @@ def test_coverage_passes_add_up_to_one_forward_over_every_block():
     import contextlib
     from types import SimpleNamespace
 
-    from eyas.drafter.dflash import block_anchors, block_loss, slot_weights, teacher_tokens
-    from eyas.train.blocks import anchor_generator, block_micro_batch, blocks_per_row, score_blocks
+    from eyas.families.dflash.model import block_anchors, block_loss, slot_weights, teacher_tokens
+    from eyas.families.dflash.objective import anchor_generator, block_micro_batch, blocks_per_row, score_blocks
 
     drafter, embed, lm_head = build()
     rows, width = 2, 40

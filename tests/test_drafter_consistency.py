@@ -7,9 +7,9 @@ the drafter would be trained for a situation the engine never produces.
 import pytest
 import torch
 
-from eyas.drafter.config import DrafterConfig
-from eyas.drafter.model import Eagle3Drafter
-from eyas.drafter.ttt import ttt_steps
+from eyas.families.eagle3.config import DrafterConfig
+from eyas.families.eagle3.model import Eagle3Drafter
+from eyas.families.eagle3.ttt import ttt_steps
 from reference_drafting import greedy_chain
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eyas.drafter.loss import step_loss, target_signal
-from eyas.drafter.ttt import shift_left
+from eyas.families.eagle3.loss import step_loss, target_signal
+from eyas.families.eagle3.ttt import shift_left
 
 
 def textbook(logits, signal, loss_mask, step):
@@ -58,7 +58,7 @@ def test_an_empty_step_has_no_loss_and_no_gradient():
 def test_compiled_chunks_compute_what_the_eager_ones_do(dtype):
     """On CUDA the chunk arithmetic is fused by torch.compile; the compiled functions (here on the CPU)
     give the eager loss, gradient and counts, over chunks of several shapes (dynamic shapes)."""
-    from eyas.drafter import loss as loss_module
+    from eyas.families.eagle3 import loss as loss_module
     gen = torch.Generator().manual_seed(5)
     batch, tokens, width, vocab = 3, 12, 16, 40
     draft_ids = torch.arange(0, vocab, 2)
@@ -83,7 +83,7 @@ def test_compiled_chunks_compute_what_the_eager_ones_do(dtype):
 
 
 def test_a_loss_whose_compilation_fails_is_computed_eagerly(monkeypatch, caplog):
-    from eyas.drafter import loss as loss_module
+    from eyas.families.eagle3 import loss as loss_module
 
     def broken_compile(fn, **kwargs):
         def fails(*args):

@@ -2,7 +2,7 @@
 
 Greedy output must equal the target's own (the uncached reference of test_engine_greedy). Beyond the output, every
 block the engine drafts is checked against the drafter run from scratch — the target's states at the drafter's taps
-for the whole sequence so far, recaptured without any cache, and :func:`eyas.drafter.dflash.propose` — so the
+for the whole sequence so far, recaptured without any cache, and :func:`eyas.families.dflash.model.propose` — so the
 context cache, its commits and the masking of what the target did not accept are pinned too. A random drafter is
 rarely right; an oracle (the real block is drafted and checked, then the reference's next tokens replace its first
 ``right`` drafts) makes rounds accept, so multi-state commits are exercised and τ is known in advance.
@@ -11,11 +11,12 @@ rarely right; an oracle (the real block is drafted and checked, then the referen
 import pytest
 import torch
 
-from eyas.drafter.dflash import DFlashDrafter, dflash_config_from_target, propose
 from eyas.engine.acceptance import Sampling
-from eyas.engine.block_runner import BlockDraftRunner
 from eyas.engine.decode import Speculation, generate
 from eyas.engine.target_runner import TargetRunner
+from eyas.families.dflash.config import dflash_config_from_target
+from eyas.families.dflash.model import DFlashDrafter, propose
+from eyas.families.dflash.runner import BlockDraftRunner
 from eyas.target.capture import capture_hidden_states
 from eyas.target.layer_ids import default_layer_ids
 from eyas.target.layout import discover_layout
@@ -112,8 +113,9 @@ def test_sampled_block_speculation_follows_the_target():
 
 
 def test_modes_a_block_drafter_cannot_decode_are_refused_in_one_line(tmp_path):
-    from eyas.engine.modes import check_block_modes, parse_mode
+    from eyas.engine.modes import parse_mode
     from eyas.errors import EyasError
+    from eyas.families.dflash.runner import check_block_modes
 
     check_block_modes([parse_mode("chain:3")], BLOCK, "D")
     for mode in ("chain:4", "tree:10,3,4"):

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import eyas.train.evaluate as evaluate_module
-from eyas.drafter.loss import StepResult
-from eyas.train.evaluate import Unrolled, answer_places, evaluate
+import eyas.families.eagle3.evaluate as evaluate_module
+from eyas.families.eagle3.loss import StepResult
+from eyas.families.eagle3.evaluate import Unrolled, answer_places, evaluate
 
 
 def test_answer_places_number_each_answer_and_each_token_in_it():
@@ -45,7 +45,7 @@ def test_drawn_acceptance_is_what_the_engine_keeps_of_a_drawn_draft():
     """α of a TTT step at a position = Σ min(p_T, q_T) over the draft vocabulary, read where the step predicts (one
     place further per step) and 0 past the answer; and it is the rate at which the engine's rule (chain_sampled) keeps
     a draft drawn from the drafter's q_T, mapped to target ids."""
-    from eyas.drafter.loss import target_signal
+    from eyas.families.eagle3.loss import target_signal
     from eyas.engine.acceptance import chain_sampled, draw
 
     gen = torch.Generator().manual_seed(3)

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 import zoo
 from eyas.cli import app
 from eyas.export.check import check_draft_dir
-from eyas.export.eagle3 import draft_config, draft_tensors
+from eyas.families.eagle3.export import draft_config, draft_tensors
 from eyas.export.files import write_draft_dir
-from eyas.export.load import import_draft_dir
+from eyas.families.eagle3.load import import_draft_dir
 from eyas.export.stage import export_run
 from eyas.train.options import TrainOptions
 from eyas.train.trainer import train

@@ -13,9 +13,9 @@ from safetensors.torch import save_file
 
 from eyas.errors import EyasError
 from eyas.export.check import check_draft_dir
-from eyas.export.eagle3 import draft_config, draft_tensors
+from eyas.families.eagle3.export import draft_config, draft_tensors
 from eyas.export.files import write_draft_dir
-from eyas.export.load import import_draft_dir, load_drafter
+from eyas.families.eagle3.load import import_draft_dir, load_drafter
 from reference_drafting import greedy_chain
 from test_drafter_consistency import random_drafter, tiny_config
 
@@ -72,7 +72,7 @@ def specforge_sharded(directory, drafter):
 
 def speculators(directory, drafter, norm_before_residual=None):
     """vLLM speculators: layers.0.* names, the embedding included, the Llama config nested."""
-    from eyas.export.speculators import speculators_config
+    from eyas.families.eagle3.speculators import speculators_config
 
     config = speculators_config(draft_config(drafter.config, "llama", LAYERS, "fp32"), "some/target")
     if norm_before_residual is None:

@@ -12,10 +12,10 @@ import torch
 from eyas.capture.options import CaptureOptions
 from eyas.capture.stage import capture
 from eyas.data.synthetic import write_random_data_dir
-from eyas.drafter.config import drafter_config_from_target
-from eyas.drafter.flops import training_flops
-from eyas.drafter.model import Eagle3Drafter
-from eyas.drafter.ttt import ttt_steps
+from eyas.families.eagle3.config import drafter_config_from_target
+from eyas.families.eagle3.flops import training_flops
+from eyas.families.eagle3.model import Eagle3Drafter
+from eyas.families.eagle3.ttt import ttt_steps
 from eyas.export.check import check_draft_dir
 from eyas.export.stage import export_run
 from eyas.store.reader import FeatureStore

@@ -1,12 +1,12 @@
-"""The "split" TTT attention (eyas.drafter.split_attention): a causal flash kernel over the real keys and the own keys
+"""The "split" TTT attention (eyas.families.eagle3.split_attention): a causal flash kernel over the real keys and the own keys
 merged by log-sum-exp must give the reference's outputs *and gradients* — its backward is written by hand."""
 
 import pytest
 import torch
 
-from eyas.drafter.memory import saved_storages
-from eyas.drafter.split_attention import attend_split
-from eyas.drafter.ttt import attend_real_and_own, ttt_steps
+from eyas.families.eagle3.memory import saved_storages
+from eyas.families.eagle3.split_attention import attend_split
+from eyas.families.eagle3.ttt import attend_real_and_own, ttt_steps
 from test_drafter_consistency import random_drafter, tiny_config
 
 
@@ -47,7 +47,7 @@ def test_outputs_and_gradients_equal_the_scores_reference(own, tokens):
 def test_a_backward_without_the_merged_correction_fails_the_same_comparison(monkeypatch):
     """The test above has teeth: handing the flash backward the real keys' own log-sum-exp (not the merged one)
     — a plausible mistake — gives gradients the comparison rejects."""
-    import eyas.drafter.split_attention as split
+    import eyas.families.eagle3.split_attention as split
 
     q, real_k, real_v, own_k, own_v = _inputs(3, 13)
     future = torch.ones(13, 13, dtype=torch.bool).triu(1)

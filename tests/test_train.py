@@ -42,9 +42,9 @@ def test_a_finished_run_resumed_trains_nothing_and_keeps_its_weights_and_final_e
 
 TERMINATE_DURING_STEP_3 = textwrap.dedent("""
     import os, signal, sys
-    import eyas.train.trainer as trainer
+    import eyas.families.eagle3.objective as objective
     from eyas.cli import app
-    real, calls = trainer.step_loss, []
+    real, calls = objective.step_loss, []
 
     def loss_then_term(*args, **kwargs):  # 3 TTT steps a batch: call 7 is step 3's first
         calls.append(1)
@@ -52,7 +52,7 @@ TERMINATE_DURING_STEP_3 = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGTERM)
         return real(*args, **kwargs)
 
-    trainer.step_loss = loss_then_term
+    objective.step_loss = loss_then_term
     app(sys.argv[1:])
 """)
 
@@ -93,9 +93,9 @@ def test_online_training_equals_offline(setup, tmp_path):
 
 
 def test_split_attention_trains_what_scores_train_and_a_resume_may_switch_to_it(setup, tmp_path, monkeypatch):
-    """--attention split (eyas.drafter.split_attention) reaches the trainer: the same per-step losses as the written-out
+    """--attention split (eyas.families.eagle3.split_attention) reaches the trainer: the same per-step losses as the written-out
     scores, and a run begun with one resumes with the other (the same arithmetic, so RESUMABLE)."""
-    import eyas.drafter.ttt as ttt
+    import eyas.families.eagle3.ttt as ttt
 
     target, _, features = setup
     calls, real = [], ttt.attend_split
@@ -135,7 +135,8 @@ def test_batches_are_rounded_to_a_multiple_of_64_tokens_on_a_gpu_within_the_budg
     import dataclasses
 
     from eyas.train.data import SHAPE_MULTIPLE, OfflineSource, batch_width, plan_batches, width_multiple
-    from eyas.train.trainer import micro_batch, setup_training, training_autocast
+    from eyas.families.eagle3.objective import micro_batch
+    from eyas.train.trainer import setup_training, training_autocast
 
     assert (width_multiple("cuda"), width_multiple("cpu")) == (SHAPE_MULTIPLE, 1) and SHAPE_MULTIPLE == 64
     lengths = [5, 64, 65, 130, 200, 17, 300, 63, 128]

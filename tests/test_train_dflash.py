@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-import eyas.train.trainer as trainer
+import eyas.families.dflash.objective as objective
 import zoo
 from eyas.cli import app
 from eyas.errors import EyasError
@@ -68,7 +68,7 @@ def test_a_dflash_run_stopped_mid_run_resumes_to_the_same_weights(setup, tmp_pat
     uninterrupted run draws, so the weights end equal."""
     target, _, features = setup
     train(opts(target, tmp_path / "clean", features=features))
-    calls, real = [], trainer.block_micro_batch
+    calls, real = [], objective.block_micro_batch
 
     def crash_in_step_5(*args, **kwargs):
         calls.append(1)
@@ -76,7 +76,7 @@ def test_a_dflash_run_stopped_mid_run_resumes_to_the_same_weights(setup, tmp_pat
             raise RuntimeError("killed")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "block_micro_batch", crash_in_step_5)
+    monkeypatch.setattr(objective, "block_micro_batch", crash_in_step_5)
     with pytest.raises(RuntimeError, match="killed"):
         train(opts(target, tmp_path / "stopped", features=features))
     monkeypatch.undo()

@@ -151,7 +151,7 @@ def test_tensor_parallel_2_stores_the_states_of_tensor_parallel_1(root):
 
 def _eagle3_drafter(directory: Path) -> Path:
     """A random EAGLE-3 drafter for the Llama target, exported as eyas exports (vLLM's CPU attention: head_dim 32)."""
-    from eyas.export.eagle3 import draft_config, draft_tensors
+    from eyas.families.eagle3.export import draft_config, draft_tensors
     from eyas.export.files import write_draft_dir
     from test_drafter_consistency import random_drafter, tiny_config
     from test_import_layouts import weights
@@ -222,8 +222,9 @@ def _trained_dflash(root: Path, target: str, layers: int, layer_ids: list[int], 
     enough for τ to mean something), exported in fp32."""
     from transformers import AutoModelForCausalLM
 
-    from eyas.drafter.dflash import DFlashConfig, DFlashDrafter, dflash_loss, sample_anchors
-    from eyas.export.dflash import write_dflash_dir
+    from eyas.families.dflash.config import DFlashConfig
+    from eyas.families.dflash.export import write_dflash_dir
+    from eyas.families.dflash.model import DFlashDrafter, dflash_loss, sample_anchors
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(target).float().eval()
@@ -261,7 +262,7 @@ def _trained_dflash(root: Path, target: str, layers: int, layer_ids: list[int], 
 
 def _reference_dflash(model, drafter, prompt: list[int], max_new: int, k: int) -> tuple[list[int], int, int]:
     """Greedy decoding with a DFlash drafter, written plainly: (answer, drafts accepted, verify rounds)."""
-    from eyas.drafter.dflash import propose
+    from eyas.families.dflash.model import propose
 
     embed, head = model.get_input_embeddings(), model.lm_head.weight
     ids = drafter.config.layer_ids

@@ -2,8 +2,8 @@
 and top-p sample from (:func:`sampling_probs`), and a token drawn from it at a uniform (:func:`draw`).
 
 The engine samples the target and draws drafts (:mod:`eyas.engine.acceptance`), regeneration samples the target's
-answers (:mod:`eyas.data.batched_decode`), training's evaluation simulates drawn chains (:mod:`eyas.train.evaluate`,
-:func:`eyas.drafter.loss.target_signal`). The distribution is transformers': softmax(logits / T), then, with top-p < 1,
+answers (:mod:`eyas.data.batched_decode`), training's evaluation simulates drawn chains (:mod:`eyas.families.eagle3.evaluate`,
+:func:`eyas.families.eagle3.loss.target_signal`). The distribution is transformers': softmax(logits / T), then, with top-p < 1,
 only the smallest set of likeliest tokens whose mass reaches top-p, renormalised (the likeliest token always stays).
 """
 

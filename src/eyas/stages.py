@@ -68,7 +68,7 @@ def _train(options: TrainOptions, console: Console) -> Any:
                       f"simulated τ {first['tau']:.2f} → {last['tau']:.2f}" + (
                           f" (first answers' first 128 tokens: {first['tau_answer_start']:.2f} → "
                           f"{last['tau_answer_start']:.2f})" if "tau_answer_start" in last else
-                          f" (DFlash: a chain of {len(last['accuracy'])} drafts at every evaluated block)") + "".join(
+                          f" ({last['tau_meaning']})" if "tau_meaning" in last else "") + "".join(
                           f"; drawn chains at T = {t}: {first['tau_at_temperature'][t]:.2f} → {tau:.2f}"
                           for t, tau in last.get("tau_at_temperature", {}).items()),
                       soft_wrap=True)

@@ -47,7 +47,8 @@ class BenchOptions(EngineOptions):
     data: Path | None = option(None, "DATA_DIR: its holdout for sharegpt-holdout; its training prompts are kept out of "
                                "every benchmark")
     modes: str = option("chain:5,tree:60,7,10", "chain:K and/or tree:TOTAL,DEPTH,TOPK, comma-separated within, ';' or "
-                        "repeated ':' groups between: e.g. chain:5,tree:60,7,10 (a DFlash drafter: chain:BLOCK−1 unless given)",
+                        "repeated ':' groups between: e.g. chain:5,tree:60,7,10 (not given: the drafter family's own "
+                        "default where it has one, a block drafter's whole block as one chain)",
                         flag="--mode",
                         check=Check(parse_modes, "one or more of " + MODE_SPELLING, shown=False))
     prompts: int | None = option(None, "the first N prompts of each dataset (all if not given)", check=at_least(1))

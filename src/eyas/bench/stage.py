@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from eyas.bench.options import BenchOptions
 from eyas.errors import EyasError
 from eyas.out_lock import one_writer
@@ -85,14 +87,17 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
 
 
 def bench_modes(options: BenchOptions) -> list:
-    """The modes to decode: --mode's; for a DFlash drafter given no --mode, its whole block as one chain (chain:B − 1:
-    a block drafter drafts no trees)."""
-    from eyas.engine.modes import Speculation, parse_modes
-    from eyas.export.dflash import dflash_block
+    """The modes to decode: --mode's; given no --mode, the drafter family's own default when it has one (a block
+    drafter: its whole block as one chain)."""
+    from eyas import families
+    from eyas.engine.modes import parse_modes
+    from eyas.export.fit import read_draft_config
 
-    block = dflash_block(options.draft)
-    if block and options.modes == BenchOptions.__dataclass_fields__["modes"].default:
-        return [Speculation("chain", draft_length=block - 1)]
+    if options.draft is not None and options.modes == BenchOptions.__dataclass_fields__["modes"].default:
+        config = read_draft_config(Path(options.draft))
+        own = families.of_config(config).default_modes(config)
+        if own:
+            return own
     return parse_modes(options.modes)
 
 

@@ -13,13 +13,14 @@ import json
 import os
 from pathlib import Path
 
+from eyas import families
 from eyas.bench.serving import EngineResult, Level, Request
 from eyas.capture.vllm_client import _Worker, check_vllm_python, resolve_vllm_python
 from eyas.data.benchmarks import Prompt
 from eyas.engine.acceptance import Sampling
 from eyas.engine.modes import Speculation
 from eyas.errors import EyasError
-from eyas.export.dflash import dflash_block
+from eyas.export.fit import read_draft_config
 from eyas.target.loading import resolve_target
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -30,25 +31,20 @@ BENCH_RESERVED = ("model", "speculative_config", "max_num_seqs", "disable_log_st
 
 def vllm_configs(modes: list[Speculation], draft: Path | None,
                  samplings: list[Sampling] | None = None) -> tuple[list[dict], list[str]]:
-    """The worker's configurations: plain, then one per chain mode (a DFlash drafter: its block, once) and sampling
-    rule — eyas' rules are vLLM's ``draft_sample_method`` and ``rejection_sample_method``, named as eyas' rows (e.g.
-    ``chain:5 drawn``); notes name the modes vLLM does not run here."""
+    """The worker's configurations: plain, then one per chain its drafter family asks of vLLM
+    (:meth:`eyas.families.Family.vllm_chains`: a block drafter's block, once) and sampling rule — eyas' rules are
+    vLLM's ``draft_sample_method`` and ``rejection_sample_method``, named as eyas' rows (e.g. ``chain:5 drawn``); notes
+    name the modes vLLM does not run here."""
     configs: list[dict] = [{"name": "plain"}]
-    notes = []
-    block = dflash_block(draft)
-    if block:  # one forward proposes block − 1 tokens: the drafter's shape fixes the round, --mode does not
-        chains = [(f"dflash:{block - 1}", block - 1, "dflash")]
-        notes.append(f"a DFlash drafter (block {block}): vLLM's dflash method, {block - 1} proposals a round; --mode "
-                     "applies to EAGLE-3 drafters")
-    else:
-        chains = [(mode.label(), mode.draft_length, "eagle3") for mode in modes if mode.mode == "chain" and draft]
-        notes += [f"{mode.label()}: measured in eyas' engine only (eyas bench drives vLLM's EAGLE-3 with chains)"
-                  for mode in modes if mode.mode != "chain"]
+    chains, notes = [], []
+    if draft is not None:
+        config = read_draft_config(Path(draft))
+        chains, notes = families.of_config(config).vllm_chains(config, list(modes))
     for name, k, method in chains:
         for sampling in dict.fromkeys(s.resolved("chain") for s in samplings or [Sampling()]):
             config = {"name": " ".join(filter(None, (name, sampling.rule_label))), "draft": str(Path(draft).resolve()),
                       "k": k}
-            if method != "eagle3":
+            if method is not None:  # else the worker's default method
                 config["method"] = method
             if sampling.draft_sampling != "greedy" or sampling.verification != "standard":
                 config.update(draft_sample_method=sampling.draft_sampling, rejection_sample_method=sampling.verification)
@@ -57,12 +53,12 @@ def vllm_configs(modes: list[Speculation], draft: Path | None,
 
 
 def eyas_counterpart(engine_mode: str) -> str:
-    """The eyas mode that decodes what an engine's configuration does, for comparing the two: vLLM's ``dflash:K`` (one
-    block forward's K proposals, verified as a chain) is eyas' ``chain:K``, with the same rule; every other mode has
-    the same name."""
+    """The eyas mode that decodes what an engine's configuration does, for comparing the two: a configuration named
+    after a vLLM method, ``METHOD:K`` (a block drafter's K proposals of one forward, verified as a chain), is eyas'
+    ``chain:K``, with the same rule; every other mode (plain, chain:K, tree:…) has the same name."""
     mode, _, rule = engine_mode.partition(" ")
     method, _, k = mode.partition(":")
-    return " ".join(filter(None, (f"chain:{k}", rule))) if method == "dflash" else engine_mode
+    return " ".join(filter(None, (f"chain:{k}", rule))) if k and method not in ("chain", "tree") else engine_mode
 
 
 def run_vllm(target: str, draft: Path | None, prompts: list[Prompt], modes: list[Speculation], concurrency: tuple[int, ...],

@@ -7,7 +7,7 @@ measures must be vLLM's alone). eyas runs it as a subprocess (``eyas bench --eng
 
 REQUEST_JSON: ``{"model": HF dir, "prompts": [[ids...], ...], "max_new_tokens", "temperature", "top_p", "seed",
 "stop_ids": [...], "concurrency": [1, 4, 16], "configs": [{"name": "plain"}, {"name": "chain:5", "draft": DIR,
-"k": 5, "method": "eagle3" (the default) or "dflash"}], "engine_args": {LLM(...) arguments asked for, null = the
+"k": 5, "method": vLLM's speculative method, "eagle3" when not given}], "engine_args": {LLM(...) arguments asked for, null = the
 worker's default}}``.
 
 The config CONFIG_INDEX (one process per config, so each ``LLM`` starts clean): its ``LLM`` (the drafter as vLLM's

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from eyas.drafter.model import Eagle3Drafter
+from eyas.families.eagle3.model import Eagle3Drafter
 from eyas.engine.attention import additive_mask, attend, kernels_available
 from eyas.engine.cpu_head import vocab_head
 from eyas.engine.topk import largest
@@ -43,6 +43,11 @@ class DraftRunner:
         self._fused = drafter.fused_projections()  # q/k/v and gate/up one matmul each: 3 kernels fewer a pass
         self._kernels = kernels_available(self.device)
         self._head = vocab_head(drafter.lm_head)  # on a CPU, prepacked for oneDNN: the drafter's largest matmul
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        """The target layers whose states the drafter reads (eyas ids)."""
+        return tuple(self.drafter.config.layer_ids)
 
     def reset(self) -> None:
         """Forget every committed position (a new prompt)."""

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.engine.block_runner import BlockDraftRunner
-from eyas.engine.draft_runner import DraftRunner
-from eyas.engine.modes import Speculation, check_block_modes, check_modes_fit, drafter_spare
+from eyas.engine.modes import Speculation
 from eyas.engine.target_runner import TargetRunner
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # --dtype's names; "auto" is decoding_dtype's choice
@@ -58,7 +56,7 @@ class Engine:
 
     target: object  # eyas.target.loading.Target
     target_runner: TargetRunner
-    draft_runner: DraftRunner | BlockDraftRunner | None
+    draft_runner: object | None  # the drafter family's runner (Family.runner), or None: plain decoding
     stop_ids: set[int] = field(default_factory=set)
 
 
@@ -69,31 +67,19 @@ def load_engine(target_spec: str, draft_dir: Path | None, capacity: int, device:
     """Target (in ``dtype``: a torch dtype or a --dtype name, :func:`decoding_dtype`) and, with ``draft_dir``, its
     drafter (same device and dtype); ``target`` reuses an already loaded target, in its dtype. ``graphs``: on CUDA,
     decoding steps replay CUDA graphs; ``compile``: the target's steps are fused by torch.compile before recording;
-    ``lean``: Llama-family targets decode through :mod:`eyas.engine.fused_llama`. The drafter's cache holds
-    :func:`drafter_spare` slots more than the target's for the ``modes`` it will decode (a tree wider than the drafter's
-    vocabulary is refused); a DFlash directory decodes chains of up to its block − 1 drafts
-    (:mod:`eyas.engine.block_runner`)."""
-    from eyas.export.dflash import dflash_block, load_dflash_dir
-    from eyas.export.load import load_drafter
+    ``lean``: Llama-family targets decode through :mod:`eyas.engine.fused_llama`. The drafter runs behind its family's
+    runner (:meth:`eyas.families.Family.runner`), which sizes its cache for the ``modes`` it will decode
+    (:func:`eyas.engine.modes.drafter_spare`) and refuses one it cannot."""
+    from eyas import families
     from eyas.target.loading import load_target, stop_ids
 
     if target is None:
         dtype = dtype if isinstance(dtype, torch.dtype) else decoding_dtype(device, dtype or "auto")
         target = load_target(target_spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-    layout = target.layout
-    weight = layout.embed.weight
-    drafter = draft_runner = None
-    if dflash_block(draft_dir):  # a block drafter: the target's embedding and lm_head
-        drafter = load_dflash_dir(draft_dir, weight.dtype).to(weight.device)
-        check_block_modes(modes, drafter.config.block_size, str(draft_dir))
-        draft_runner = BlockDraftRunner(drafter, weight, layout.lm_head,
-                                        capacity + max(drafter.config.block_size, drafter_spare(modes)))
-    elif draft_dir is not None:
-        drafter = load_drafter(draft_dir, weight, layout.num_layers, device=weight.device, dtype=weight.dtype)
-        check_modes_fit(modes, drafter.config.draft_vocab_size, str(draft_dir))
-        draft_runner = DraftRunner(drafter, capacity + drafter_spare(modes))
-    runner = TargetRunner(target.model, layout, drafter.config.layer_ids if drafter else None, capacity, graphs=graphs,
-                          compile=compile, lean=lean)
+    draft_runner = None if draft_dir is None else \
+        families.of_draft_dir(draft_dir).runner(Path(draft_dir), target.layout, capacity, list(modes))
+    runner = TargetRunner(target.model, target.layout, draft_runner.layer_ids if draft_runner else None, capacity,
+                          graphs=graphs, compile=compile, lean=lean)
     return Engine(target, runner, draft_runner, set(stop_ids(target.model, target.tokenizer)))
 
 

@@ -45,12 +45,3 @@ def check_modes_fit(modes: Iterable[Speculation], draft_vocab_size: int, where: 
         if mode.mode == "tree" and mode.top_k > draft_vocab_size:
             raise EyasError(f"--mode {mode.label()}: TOPK {mode.top_k} exceeds the {draft_vocab_size}-token vocabulary of "
                             f"the drafter in {where}: use TOPK ≤ {draft_vocab_size}")
-
-
-def check_block_modes(modes: Iterable[Speculation], block_size: int, where: str) -> None:
-    """A block drafter proposes one chain of up to block − 1 tokens a round: refuse a tree or a longer chain."""
-    for mode in modes:
-        if mode.mode != "chain" or mode.draft_length > block_size - 1:
-            raise EyasError(f"--mode {mode.label()}: {where} is a DFlash block drafter (block {block_size}), which proposes "
-                            f"one chain of up to {block_size - 1} tokens a round: use chain:K with K ≤ {block_size - 1} "
-                            f"(chain:{block_size - 1}: the whole block)")

@@ -17,10 +17,18 @@ import torch
 from safetensors import safe_open
 
 from eyas.errors import EyasError
-from eyas.manifest import MANIFEST, REMEDIES, file_problem, read_stage_manifest
+from eyas.manifest import MANIFEST, REMEDIES, file_problem, output_problems, read_stage_manifest
 
 _DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64",
                 torch.int32: "I32", torch.bool: "BOOL"}
+
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}  # `eyas export --dtype`'s
+
+
+def torch_dtype_name(dtype: str) -> str:
+    """config.json's ``torch_dtype`` for an export dtype: bf16 → "bfloat16"."""
+    return str(TORCH_DTYPES[dtype]).removeprefix("torch.")
 
 
 _ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4,
@@ -190,3 +198,13 @@ def write_draft_dir(out: Path, config: dict, tensors: dict[str, torch.Tensor], c
         if then is not None:
             then(tmp)
     return Path(out)
+
+
+def edited_since_export(directory: Path) -> list[str]:
+    """Files besides the weights that differ from what eyas export recorded (a config edited by hand, say)."""
+    manifest = export_manifest(directory)
+    if isinstance(manifest, str):
+        return []  # integrity_problems reports it
+    others = [r for r in manifest.get("outputs") or [] if not r["file"].endswith((".safetensors", ".bin"))]
+    return [f"{problem}: edited after eyas export wrote it? The checks judge it as it is now"
+            for problem in output_problems(directory, {"outputs": others})]

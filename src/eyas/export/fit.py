@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.export.contract import flat_config, layer_ids_of
+from eyas.families.eagle3.contract import flat_config, layer_ids_of
 from eyas.manifest import read_json_object
 from eyas.target.layer_ids import LayerIdError, resolve_layer_ids, validate_layer_ids
 

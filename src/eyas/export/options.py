@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from eyas import families
 from eyas.options import Options, force_option, option
 
 
 @dataclass
 class ExportOptions(Options):
-    """Export a trained drafter — EAGLE-3 in the format SGLang and vLLM both load, DFlash in vLLM's — then check it."""
+    """Export a trained drafter in a format its engines load, then check it."""
 
     run_dir: Path = option(help="RUN_DIR written by eyas train", positional=True)
     out: Path = option(help="DRAFT_DIR to write (config.json, model.safetensors, README.md)")
-    format: str = option("auto", "auto = the run's family (eagle3 for an EAGLE-3 run, dflash for a DFlash one); eagle3 "
-                         "(SGLang and vLLM), speculators (vLLM's own EAGLE-3 format) or dflash (vLLM's dflash method)")
+    format: str = option("auto", "auto = the first format of the run's drafter family; or " + "; ".join(
+        f"{name} = {what}" for name, what in families.export_formats().items()))
     dtype: str = option("bf16", "bf16 or fp16 (fp32 for tests)")
     force: bool = force_option()

@@ -26,18 +26,13 @@ def export_stage(options: ExportOptions, console: Console) -> Path:
 
 @one_writer("export", lambda run_dir, out, *_, **__: out)
 def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "auto", force: bool = False) -> Path:
-    """Export RUN_DIR/final (what ``eyas train`` wrote) as a drafter directory: EAGLE-3 (or the speculators format) for an
-    EAGLE-3 run, vLLM's DFlash format for a DFlash run (``fmt`` auto: the run's); a DRAFT_DIR exported from another run,
-    or other data in ``out``, is replaced only with ``force``."""
+    """Export RUN_DIR/final (what ``eyas train`` wrote) as a drafter directory in a format of the run's drafter family
+    (``fmt`` auto: the family's first; :mod:`eyas.families`); a DRAFT_DIR exported from another run, or other data in
+    ``out``, is replaced only with ``force``."""
     from safetensors.torch import load_file
 
-    from eyas.drafter.config import DrafterConfig
-    from eyas.drafter.dflash import DFlashConfig, is_dflash_config
-    from eyas.export.card import dflash_card, model_card, serve_target
-    from eyas.export.dflash import dflash_config_json
-    from eyas.export.eagle3 import TORCH_DTYPES, draft_config, draft_tensors
-    from eyas.export.files import DRAFT_FILES, write_draft_dir
-    from eyas.export.speculators import speculators_config
+    from eyas import families
+    from eyas.export.files import DRAFT_FILES, TORCH_DTYPES, write_draft_dir
     from eyas.manifest import REMEDIES, input_record, read_json_object, write_manifest
     from eyas.outputs import check_space, claim_out, input_places, refuse_other_inputs, writing
     from eyas.target.facts import target_input
@@ -50,34 +45,23 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "auto",
         raise EyasError(f"{run_dir} has no final/model.safetensors: train it first (eyas train ... --out {run_dir})")
     if dtype not in TORCH_DTYPES:
         raise EyasError(f"--dtype must be bf16, fp16 or fp32, not {dtype!r}")
-    if fmt not in ("auto", "eagle3", "speculators", "dflash"):
-        raise EyasError(f"--format must be auto, eagle3, speculators or dflash, not {fmt!r}")
+    known = families.export_formats()
+    if fmt != "auto" and fmt not in known:
+        raise EyasError(f"--format must be auto or one of {', '.join(known)}, not {fmt!r}")
     _verify_run_dir(run_dir)
     recorded = read_json_object(final / "drafter_config.json", REMEDIES["train"])
-    family = "dflash" if is_dflash_config(recorded) else "eagle3"
-    fmt = family if fmt == "auto" else fmt
-    if (family == "dflash") != (fmt == "dflash"):
-        raise EyasError(f"{run_dir} trained {'a DFlash' if family == 'dflash' else 'an EAGLE-3'} drafter, which --format "
-                        f"{fmt} cannot hold: use --format {'dflash' if family == 'dflash' else 'eagle3 or speculators'} "
-                        "(or leave --format out)")
     if not (run_dir / "train_options.json").is_file():
         raise EyasError(f"{run_dir}/train_options.json is missing: RUN_DIR is incomplete; train it again into a new --out")
     options = run_options(read_json_object(run_dir / "train_options.json", REMEDIES["train"]))
+    family = families.of_run(options, str(run_dir))
+    fmt = next(iter(family.formats)) if fmt == "auto" else fmt
+    if fmt not in family.formats:
+        raise EyasError(f"{run_dir} trained a {family.name} drafter, which --format {fmt} cannot hold: use --format "
+                        f"{' or '.join(family.formats)} (or leave --format out)")
     target = _target_facts(run_dir, options)
     report = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").is_file() else {}
-    if family == "dflash":
-        flash = DFlashConfig.from_dict(recorded)
-        config = dflash_config_json(flash, dtype)
-        tensors = {name: t.to(TORCH_DTYPES[dtype]).contiguous() for name, t in load_file(str(final / "model.safetensors")).items()}
-        card = dflash_card(config, options, report, target, Path(out))
-    else:
-        drafter = DrafterConfig.from_dict(recorded)
-        config = draft_config(drafter, target["model_type"], target["num_layers"], dtype)
-        tensors = draft_tensors(load_file(str(final / "model.safetensors")), config, dtype)
-        card = model_card(config, options, report, target, Path(out))
-    if fmt == "speculators":  # the verifier as vLLM loads it (a placeholder would not load: then the spec, as recorded)
-        engine_target, _ = serve_target(target)
-        config = speculators_config(config, options["target"] if engine_target.startswith("<") else engine_target)
+    config, tensors, card = family.export(recorded, load_file(str(final / "model.safetensors")), fmt, dtype, options,
+                                          report, target, Path(out))
     stage = ExportOptions(run_dir=run_dir, out=Path(out), format=fmt, dtype=dtype, force=force)
     inputs = [input_record("run", run_dir), target_input(target)]
     if previous is not None:  # a re-export of the same run replaces it (in any format or dtype); another run's only forced

@@ -78,8 +78,8 @@ def parse_layer_ids(text: str) -> tuple[int, ...]:
 
 
 def output_spelling(layer_ids: Sequence[int]) -> tuple[int, ...]:
-    """eyas ids → output-of-layer ids (DFlash's ``target_layer_ids``, SpecForge's): the input of layer L is the output
-    of layer L-1. Id 0 (the embeddings) comes out as -1; :func:`specforge_spelling` refuses it."""
+    """eyas ids → output-of-layer ids (SpecForge's and vLLM's block drafters' ``target_layer_ids``): the input of layer
+    L is the output of layer L-1. Id 0 (the embeddings) comes out as -1; :func:`specforge_spelling` refuses it."""
     return tuple(i - 1 for i in layer_ids)
 
 

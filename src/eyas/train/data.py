@@ -201,3 +201,9 @@ def batches_forever(source, seed: int, start_epoch: int = 0, start_index: int = 
             yield epoch, index, order[index]
             index += 1
         epoch, index = epoch + 1, 0
+
+
+def batch_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of the batch at (epoch, index) of a run seeded ``seed``: what a family draws at random for a batch (a
+    block drafter's anchors) is drawn from it, so a resumed run draws what an uninterrupted one would."""
+    return (seed * 1_000_003 + epoch * 65_537 + index) % (2**63)

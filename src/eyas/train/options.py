@@ -1,17 +1,21 @@
-"""The options of ``eyas train``: each field's default and help, once."""
+"""The options of ``eyas train``: each field's default and help, once. Those every family shares are here; each drafter
+family adds its own (:class:`eyas.families.Family`'s ``options``), so :class:`TrainOptions` is built from both: one
+flat set of flags, one train_options.json."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from eyas import families
 from eyas.options import SEED, Options, above, at_least, each, force_option, one_of, option, remote_code, within
 
 
 @dataclass
-class TrainOptions(Options):
-    """Train a drafter — EAGLE-3 with training-time test, or a DFlash block drafter — from FEATURES_DIR or online from
-    DATA_DIR (one capture serves both families)."""
+class CommonTrainOptions(Options):
+    """Train a drafter of any family (--drafter) from FEATURES_DIR or online from DATA_DIR (one capture serves every
+    family)."""
 
     target: str = option(help="the target the drafter serves")
     out: Path = option(help="RUN_DIR: checkpoints, metrics.jsonl, tensorboard/, final/")
@@ -23,22 +27,8 @@ class TrainOptions(Options):
                           "--attention, --fsdp and --trust-remote-code may differ from the run's, and the number of "
                           "processes when --grad-accum × processes stays what it was)")
     force: bool = force_option()
-    drafter: str = option("eagle3", "the drafter family: eagle3 (one layer, one token a pass, training-time test) or "
-                          "dflash (a block drafter: one forward proposes block-size − 1 tokens; vLLM's dflash method)",
-                          check=one_of("eagle3", "dflash"))
-    ttt_steps: int = option(7, "eagle3: training-time-test steps K", check=at_least(1))
-    step_decay: float = option(0.8, "eagle3: weight of step k's loss is decay^k", check=within(0, 1, low_open=True))
-    block_size: int = option(16, "dflash: tokens a block holds, its anchor included (it proposes block-size − 1); the "
-                             "published drafters' 16", check=at_least(2))
-    draft_layers: int = option(5, "dflash: decoder layers (the published drafters' 5)", check=at_least(1))
-    block_coverage: float = option(1.0, "dflash: block rows per token of a batch row (blocks per row = coverage × "
-                                   "width / block size, anchored at random trained places; above 1 it runs as "
-                                   "passes of width / block size blocks, each its own forward and backward)",
-                                   check=above(0))
-    slot_decay: float | None = option(7.0, "dflash: slot k's loss weight is exp(−(k − 1)/γ), γ this (the published 7 "
-                                      "for blocks of 16)", check=above(0))
-    mask_token_id: int | None = option(None, "dflash: the token id of a block's mask slots (default: the vocabulary's "
-                                       "last id)", check=at_least(0))
+    drafter: str = option(families.DEFAULT, "the drafter family: " + "; ".join(
+        f"{family.name} ({family.summary})" for family in families.families()), check=one_of(*families.names()))
     # benchmarks/LOG.md "Learning rate": a sweep from 1e-4 to 1.5e-2 peaked at 3e-3 (2e-3 – 5e-3 within 3 %)
     lr: float = option(3e-3, "peak learning rate (AdamW); the default is the best of the project's sweep on the demo "
                        "target (1e-4 … 1.5e-2, broad optimum 2e-3 – 5e-3; benchmarks/LOG.md)", check=above(0))
@@ -50,21 +40,11 @@ class TrainOptions(Options):
     max_steps: int | None = option(None, "stop after this many optimizer steps", check=at_least(1))
     token_budget: int = option(8192, "tokens per micro-batch, padding included", check=at_least(1))
     grad_accum: int = option(1, "micro-batches per optimizer step", check=at_least(1))
-    attention: str = option("auto", "how TTT steps after the first attend (the same result up to rounding; only speed "
-                            "and memory differ): concat = one fused attention over real and own keys under a mask, "
-                            "split = a causal flash kernel over real keys merged with the own keys by log-sum-exp, "
-                            "scores = written out; auto = split on a GPU, scores elsewhere",
-                            check=one_of("auto", "concat", "split", "scores"))
     checkpoint_every: int = option(500, "optimizer steps between checkpoints (and holdout evaluations)", check=at_least(1))
     eval_batches: int | None = option(50, "holdout batches per evaluation (all if not given)", check=at_least(1))
-    eval_temperatures: tuple[float, ...] = option((1.0,), "EAGLE-3: each holdout evaluation also simulates τ at these "
-                                                  "sampling temperatures, comma-separated, for chains whose drafts are "
-                                                  "drawn from the drafter (eyas generate/bench at --temperature T)",
-                                                  check=each(above(0)))
     keep: int = option(3, "checkpoints kept (the oldest are deleted)", check=at_least(1))
     seed: int = option(0, "seed of the drafter's initialisation and the batch order", check=SEED)
     fsdp: bool = option(False, "under torchrun: shard the drafter over ranks with FSDP2 (for drafters of very large targets)")
-    hidden_size: int | None = option(None, "drafter width (default: the target's)", check=at_least(1))
     layer_ids: tuple[int, ...] | None = option(None, "online only: eyas layer ids (default 2, N//2, N-3, for either "
                                                "family: the taps one capture stores)",
                                                check=each(at_least(0)))
@@ -72,6 +52,11 @@ class TrainOptions(Options):
                           "records and that --target is the target the store was captured from; --no-verify skips both "
                           "and says so (shard sizes and the target's sizes are still checked)", flag="--verify/--no-verify")
     trust_remote_code: bool = remote_code()
+
+
+TrainOptions = dataclasses.make_dataclass(
+    "TrainOptions", families.options_fields(), bases=(CommonTrainOptions,),
+    namespace={"__doc__": CommonTrainOptions.__doc__, "__module__": __name__})
 
 
 # What `--resume` may change: when the run ends (the step limit; the learning-rate schedule then stretches to the new

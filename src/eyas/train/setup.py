@@ -1,5 +1,5 @@
-"""What a training run trains with, built once: the data sources, the teacher (the target's lm_head), the draft
-vocabulary and the drafter, and what RUN_DIR records of the target and the inputs."""
+"""What a training run trains with, built once: the data sources, the teacher (the target's lm_head), and the drafter
+its family builds (with its draft vocabulary), and what RUN_DIR records of the target and the inputs."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from typing import Any
 
 import torch
 
-from eyas.drafter.config import DrafterConfig, drafter_config_from_target
-from eyas.drafter.dflash import DFlashDrafter, dflash_config_from_target
-from eyas.drafter.model import Eagle3Drafter
+from eyas import families
 from eyas.errors import EyasError
+from eyas.families import BuildInputs, Family
 from eyas.train.data import OfflineSource, OnlineSource
 from eyas.train.options import TrainOptions, trains_online
 from eyas.train.resume import data_input
@@ -22,9 +21,10 @@ from eyas.train.resume import data_input
 @dataclass
 class TrainingSetup:
     """What :func:`setup_training` builds. ``head``: the target's lm_head rows (the teacher), on the device;
-    ``draft_ids``: the draft vocabulary's target ids (None for a block drafter, which predicts the whole vocabulary);
-    ``embed``: the target's embedding, for a block drafter (None otherwise); ``target``: the target facts RUN_DIR
-    records, with the layer ids; ``inputs``: the input records of RUN_DIR's manifest."""
+    ``draft_ids``: the draft vocabulary's target ids (None for a drafter predicting the whole vocabulary); ``embed``:
+    the target's embedding on the device when the family trains with it (None otherwise); ``target``: the target facts
+    RUN_DIR records, with the layer ids; ``inputs``: the input records of RUN_DIR's manifest; ``family``: the drafter's
+    (:mod:`eyas.families`), which builds, trains and evaluates it."""
 
     drafter: Any
     source: Any
@@ -34,6 +34,7 @@ class TrainingSetup:
     target: dict
     inputs: list
     embed: torch.Tensor | None = None
+    family: Family | None = None
 
 
 def training_autocast(device: torch.device):
@@ -46,7 +47,7 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
     facts (with the layer ids) and the inputs. ``loaded``: online, the target already in memory (an
     :class:`eyas.target.Target` of ``options.target``'s config) instead of loading it. ``identity``: the target's
     :func:`eyas.train.resume.target_identity`, when the caller has it (its weights fingerprint is not read again)."""
-    from eyas.data.vocab import VOCAB_FILE, load_vocab
+    from eyas.data.vocab import VOCAB_FILE
     from eyas.target.facts import target_facts, target_input
     from eyas.target.layer_ids import resolve_layer_ids
     from eyas.target.loading import load_target_config
@@ -97,38 +98,6 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
     teacher_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shared = dict(source=source, holdout=holdout, head=head.to(device, teacher_dtype),
                   target={**facts, "layer_ids": list(layer_ids)}, inputs=[data_input(options), target_input(facts)])
-    if options.drafter == "dflash":  # the target's embedding and lm_head are the block drafter's own input and output
-        drafter_config = dflash_config_from_target(config, layer_ids, options.block_size, options.draft_layers,
-                                                   options.mask_token_id)
-        if not 0 <= drafter_config.mask_token_id < drafter_config.vocab_size:
-            raise EyasError(f"--mask-token-id {drafter_config.mask_token_id} is outside the target's vocabulary "
-                            f"(0 … {drafter_config.vocab_size - 1})")
-        torch.manual_seed(options.seed)
-        return TrainingSetup(**shared, drafter=DFlashDrafter(drafter_config).to(device), draft_ids=None,
-                             embed=embed.to(device, teacher_dtype))
-    if not vocab_path.is_file():
-        raise EyasError(f"{vocab_path} is missing: the draft vocabulary comes from eyas prepare's DATA_DIR")
-    vocab = load_vocab(vocab_path)
-    draft_ids = vocab.draft_ids.to(device)
-    drafter_config = drafter_config_from_target(config, layer_ids, len(vocab.d2t), options.hidden_size)
-    drafter = _new_drafter(drafter_config, vocab.d2t, head, embed, draft_ids, options.seed).to(device)
-    return TrainingSetup(**shared, drafter=drafter, draft_ids=draft_ids)
-
-
-def _new_drafter(config: DrafterConfig, d2t, head, embed, draft_ids, seed: int) -> Eagle3Drafter:
-    torch.manual_seed(seed)
-    drafter = Eagle3Drafter(config, d2t=d2t)
-    drafter.load_target_embedding(embed)
-    if config.hidden_size == config.target_hidden_size:
-        # Warm start: the target's own lm_head rows of the draft vocabulary read the same space.
-        with torch.no_grad():
-            drafter.lm_head.weight.copy_(head[draft_ids.cpu()].float())
-    return drafter
-
-
-def shard(drafter: Eagle3Drafter) -> None:
-    """FSDP2 over ranks, one unit per module the TTT forward calls (it calls them directly, not the root)."""
-    from torch.distributed.fsdp import fully_shard
-
-    for module in (drafter.embed_tokens, drafter.fc, drafter.midlayer, drafter.norm, drafter.lm_head):
-        fully_shard(module)
+    family = families.named(options.drafter, "--drafter")
+    built = family.build(BuildInputs(config, tuple(layer_ids), options, head, embed, vocab_path, device, teacher_dtype))
+    return TrainingSetup(**shared, drafter=built.drafter, draft_ids=built.draft_ids, embed=built.embed, family=family)

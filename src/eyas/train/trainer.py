@@ -1,10 +1,8 @@
 """``eyas train``: the drafter, trained offline or online, resumable.
 
-One loop: a batch (from FEATURES_DIR, or captured now by the target) → the family's micro-batch → AdamW (β 0.9/0.95,
-clip 0.5, linear warm-up then cosine) → metrics, checkpoints, holdout evaluation. EAGLE-3: the target's teacher
-distribution from its final hidden → K TTT steps → Σ_k decay^k · loss_k. DFlash (:mod:`eyas.train.blocks`): random
-blocks of each row, every slot against the target's greedy token, in one forward. bf16 autocast with fp32 master
-weights on GPU, fp32 on CPU.
+One loop: a batch (from FEATURES_DIR, or captured now by the target) → the drafter family's micro-batch (its forward,
+loss and backward: :mod:`eyas.families`) → AdamW (β 0.9/0.95, clip 0.5, linear warm-up then cosine) → metrics,
+checkpoints, the family's holdout evaluation. bf16 autocast with fp32 master weights on GPU, fp32 on CPU.
 
 :func:`train` is its parts in order: where the run starts (:func:`_resume_point`: --out claimed, the checkpoint to
 resume), what it trains with (:func:`_start`; the drafter, data and teacher come from :mod:`eyas.train.setup`), where it
@@ -25,26 +23,21 @@ from pathlib import Path
 import torch
 
 from eyas.distributed import all_reduce_sum, barrier, init_distributed
-from eyas.drafter.loss import step_loss, target_signal
-from eyas.drafter.model import Eagle3Drafter
-from eyas.drafter.ttt import ttt_steps
 from eyas.errors import EyasError
 from eyas.out_lock import one_writer
 from eyas.outputs import check_space, claim_out
 from eyas.progress import progress_bar
-from eyas.train.blocks import batch_seed, block_micro_batch, evaluate_blocks
 from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, run_bytes, save_checkpoint
-from eyas.train.data import Prefetcher, batches_forever
-from eyas.train.evaluate import evaluate
+from eyas.train.data import Prefetcher, batch_seed, batches_forever
 from eyas.train.metrics import Metrics
 from eyas.train.options import TrainOptions
 from eyas.train.resume import new_record, read_run_record, resume_changes, resumed_record, target_identity
 from eyas.train.run_dir import MARKERS as RUN_MARKERS
 from eyas.train.run_dir import clear_run_dir, finish_run_dir, start_run_dir
-from eyas.train.setup import TrainingSetup, setup_training, shard, training_autocast
+from eyas.train.setup import TrainingSetup, setup_training, training_autocast
 from eyas.train.stop import StopRequests
 
-__all__ = ["TrainReport", "TrainOptions", "micro_batch", "setup_training", "train", "training_autocast"]
+__all__ = ["TrainReport", "TrainOptions", "setup_training", "train", "training_autocast"]
 
 
 @dataclass
@@ -85,7 +78,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     total_steps: int
-    weights: list[float]  # each tally's weight in the step's loss: decay^k per TTT step (EAGLE-3), 1 per slot (DFlash)
+    weights: list[float]  # each tally's weight in the step's loss (the family's: per TTT step, block slot, …)
     report: TrainReport = field(default_factory=TrainReport)
     metrics: Metrics | None = None  # rank 0's log
     step: int = 0
@@ -99,10 +92,6 @@ class _Run:
     def lead(self) -> bool:
         """Rank 0 evaluates, logs and writes checkpoints."""
         return self.rank == 0
-
-    @property
-    def blocks(self) -> bool:
-        return self.options.drafter == "dflash"
 
     @property
     def sharded(self) -> bool:
@@ -119,12 +108,7 @@ class _Run:
 
     def evaluation(self) -> dict:
         """Holdout acceptance and simulated τ of the drafter as it is now."""
-        setup, options = self.setup, self.options
-        if self.blocks:
-            return evaluate_blocks(setup.drafter, setup.holdout, setup.head, setup.embed, options, options.eval_batches,
-                                   self.autocast)
-        return evaluate(setup.drafter, setup.holdout, setup.head, setup.draft_ids, options.ttt_steps, self.weights,
-                        options.eval_batches, self.autocast, options.eval_temperatures)
+        return self.setup.family.evaluate(self.setup, self.options, self.weights, self.autocast)
 
     @property
     def evaluates(self) -> bool:
@@ -173,14 +157,14 @@ def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int
     changes = resume_changes(resume.recorded, options, resume.at, out, target, world) if resume.recorded is not None else {}
     setup = setup_training(options, device, loaded, target)
     drafter = setup.drafter
-    if options.drafter == "dflash" and options.fsdp:
-        raise EyasError("--fsdp shards EAGLE-3 drafters only: train the DFlash drafter without it (it is the size of a "
-                        "few target layers)")
+    family = setup.family
+    if options.fsdp and not family.shardable:
+        raise EyasError(f"--fsdp does not shard {family.name} drafters: train without it (--drafter {family.name})")
     if rank == 0:
         check_space(out, run_bytes(out, drafter, options.keep), options.force, "training (checkpoints, final weights)",
                     ", keep fewer checkpoints with --keep")
     if options.fsdp and world > 1:
-        shard(drafter)
+        family.shard(drafter)
     per_step = options.grad_accum * world
     total_steps = options.max_steps or max(1, math.ceil(options.epochs * len(setup.source.batches) / per_step))
     if resume.at > total_steps:
@@ -190,9 +174,7 @@ def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int
                                   weight_decay=options.weight_decay)
     warmup = max(1, round(options.warmup_ratio * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, warmup, total_steps))
-    # what one step's tallies hold: each TTT step's loss (EAGLE-3), or each block slot's share of the loss (DFlash)
-    weights = [1.0] * (drafter.config.block_size - 1) if options.drafter == "dflash" else \
-        [options.step_decay**k for k in range(options.ttt_steps)]
+    weights = family.tally_weights(options, drafter)  # one per tally a step adds up: TTT step, block slot, …
     record = new_record(options, target, world) if resume.recorded is None else \
         resumed_record(resume.recorded, options, resume.at, changes, resume.at < total_steps, target, world)
     return _Run(options, out, rank, world, device, setup, optimizer, scheduler, total_steps, weights, run_record=record)
@@ -269,13 +251,8 @@ def _step(run: _Run, loader, mine: list) -> tuple[int, tuple[torch.Tensor, torch
     losses = torch.zeros(len(run.weights), device=run.device)
     correct, counted, tokens = torch.zeros_like(losses), torch.zeros_like(losses), 0
     for item_epoch, item_index, batch_index in mine:
-        if run.blocks:
-            tokens += block_micro_batch(setup.drafter, loader.batch(batch_index), setup.head, setup.embed, options,
-                                        run.autocast, (losses, correct, counted),
-                                        batch_seed(options.seed, item_epoch, item_index))
-        else:
-            tokens += micro_batch(setup.drafter, loader.batch(batch_index), setup.head, setup.draft_ids, options,
-                                  run.weights, run.autocast, (losses, correct, counted))
+        tokens += setup.family.micro_batch(setup, loader.batch(batch_index), options, run.weights, run.autocast,
+                                           (losses, correct, counted), batch_seed(options.seed, item_epoch, item_index))
     if world > 1:  # average gradients over ranks: the same as one process accumulating them all
         if not run.sharded:  # (FSDP2 reduce-scatters them itself)
             for param in setup.drafter.trainable_parameters():
@@ -339,25 +316,6 @@ def _finish(run: _Run) -> TrainReport:
         finish_run_dir(run.out, run.setup.drafter, final_state, asdict(report), run.options, run.setup.inputs)
     barrier()
     return report
-
-
-def micro_batch(drafter: Eagle3Drafter, batch, head: torch.Tensor, draft_ids: torch.Tensor, options: TrainOptions,
-                weights: list[float], autocast, tallies: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> int:
-    """Forward (the teacher, K TTT steps) and backward of one micro-batch; adds each step's loss, hits and counted
-    positions to ``tallies`` (on the device, not read back); returns the batch's real tokens."""
-    losses, correct, counted = tallies
-    signal = target_signal(batch.final, head, draft_ids)
-    total = 0.0
-    with autocast():
-        attention = None if options.attention == "auto" else options.attention
-        for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, options.ttt_steps, attention)):
-            result = step_loss(logits, signal, batch.loss_mask, k)
-            total = total + weights[k] * result.loss
-            losses[k] += result.loss.detach() / options.grad_accum
-            correct[k] += result.correct
-            counted[k] += result.count
-    (total / options.grad_accum).backward()
-    return batch.tokens
 
 
 def _lr_factor(step: int, warmup: int, total: int) -> float:

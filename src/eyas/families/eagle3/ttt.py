@@ -18,7 +18,7 @@ equal up to rounding (tests pin them together), named by ``attention``:
     never writes the scores to memory, which makes a training step faster than writing the scores out
     (``benchmarks/train_profile.py`` measures both);
   - "split": a causal flash kernel over the real keys and one dot product per own key, merged by their
-    log-sum-exp (eyas.drafter.split_attention): no masked score is computed at all; the default on a GPU
+    log-sum-exp (eyas.families.eagle3.split_attention): no masked score is computed at all; the default on a GPU
     (CUDA_ATTENTION): on an H200 it trained 1.86× concat's tokens/s at the demo target's widths and 1.40× at
     Kimi-K2.5's (benchmarks/LOG.md, "The released drafter" and "Kimi-K2.5 scale … split attention");
   - "scores": the scores as they are: the real keys' [B, h, T, T] once and each earlier step's own
@@ -33,8 +33,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from eyas.drafter.model import Eagle3Drafter
-from eyas.drafter.split_attention import attend_split
+from eyas.families.eagle3.model import Eagle3Drafter
+from eyas.families.eagle3.split_attention import attend_split
 
 ATTENTION = ("scores", "concat", "split")
 CUDA_ATTENTION = "split"  # how steps after the first attend on a GPU (benchmarks/kimi_scale.py --attention concat,split measures them)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eyas.drafter.config import DrafterConfig
+from eyas.families.eagle3.config import DrafterConfig
 
 # attend(q [B, h, n, d], k_new [B, h, n, d], v_new [B, h, n, d]) → [B, h, n, d]; key/value heads already expanded
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -1,12 +1,13 @@
-"""Training the DFlash block drafter (``eyas train --drafter dflash``) from the batches EAGLE-3 trains on.
+"""Training the DFlash block drafter (``eyas train --drafter dflash``) from the batches every family trains on.
 
 The same sources (:mod:`eyas.train.data`: a feature store, or the target online) give each batch's tapped states
-``aux`` — the drafter's context — and its final states, from which the target's own greedy token at every position
-is read (:func:`eyas.drafter.dflash.teacher_tokens`): the labels, so that a slot is right exactly when a greedy
+``aux`` — the drafter's context — and its final states, from which the target's own greedy token at every position is
+read (:func:`eyas.families.dflash.model.teacher_tokens`): the labels, so that a slot is right exactly when a greedy
 verification would accept it, whatever the data's answers were. Each batch row gets ``coverage × width / block``
-blocks anchored at random trained places (:func:`eyas.drafter.dflash.block_anchors`), drawn from a generator seeded
-by the batch's place in the run, so a resumed run draws what an uninterrupted one would. The loss, the mask and the
-drafting they equal are :mod:`eyas.drafter.dflash`'s; tests/test_dflash.py pins them.
+blocks anchored at random trained places (:func:`eyas.families.dflash.model.block_anchors`), drawn from a generator
+seeded by the batch's place in the run (:func:`eyas.train.data.batch_seed`), so a resumed run draws what an
+uninterrupted one would. The loss, the mask and the drafting they equal are :mod:`eyas.families.dflash.model`'s;
+tests/test_dflash.py pins them.
 
 A coverage above one runs as passes of at most ``width / block`` blocks per row, each its own forward (and, in
 training, its own backward): one forward over all n blocks would attend over n·B own-block keys per query, nearly all
@@ -21,7 +22,15 @@ from collections.abc import Iterator
 
 import torch
 
-from eyas.drafter.dflash import BlockStats, DFlashDrafter, block_anchors, block_loss, slot_weight_total, slot_weights, teacher_tokens
+from eyas.families.dflash.model import (
+    BlockStats,
+    DFlashDrafter,
+    block_anchors,
+    block_loss,
+    slot_weight_total,
+    slot_weights,
+    teacher_tokens,
+)
 
 
 def blocks_per_row(width: int, block_size: int, coverage: float) -> int:
@@ -34,11 +43,6 @@ def anchor_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def batch_seed(seed: int, epoch: int, index: int) -> int:
-    """The anchors' seed of the batch at (epoch, index) of a run seeded ``seed``."""
-    return (seed * 1_000_003 + epoch * 65_537 + index) % (2**63)
-
-
 def block_passes(anchors: torch.Tensor, usable: torch.Tensor, per_pass: int
                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A batch's anchors and usable [R, n] in consecutive groups of at most ``per_pass`` blocks per row (the draw's
@@ -48,7 +52,7 @@ def block_passes(anchors: torch.Tensor, usable: torch.Tensor, per_pass: int
 
 def score_blocks(drafter: DFlashDrafter, batch, head: torch.Tensor, embed: torch.Tensor, options, generator
                  ) -> Iterator[BlockStats]:
-    """One batch's blocks, drawn, then scored one pass at a time (:class:`eyas.drafter.dflash.BlockStats` per pass;
+    """One batch's blocks, drawn, then scored one pass at a time (:class:`eyas.families.dflash.model.BlockStats` per pass;
     the passes' losses, shares and counts add up to the whole batch's)."""
     config = drafter.config
     width = batch.input_ids.shape[1]

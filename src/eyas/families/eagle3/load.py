@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from eyas.drafter.config import DrafterConfig, drafter_rope
+from eyas.families.eagle3.config import DrafterConfig, drafter_rope
 from eyas.errors import EyasError
-from eyas.export.contract import flat_config, layer_ids_of
+from eyas.families.eagle3.contract import flat_config, layer_ids_of
 from eyas.export.files import read_tensors
 from eyas.export.fit import read_draft_config
 from eyas.target.layer_ids import resolve_layer_ids
@@ -72,7 +72,7 @@ def load_drafter(directory: Path, target_embedding: torch.Tensor, target_layers:
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
     """An :class:`Eagle3Drafter` ready to draft: a drafter directory's weights, the target's embedding
     (when the directory holds none — SGLang and vLLM take the target's too), eval mode."""
-    from eyas.drafter.model import Eagle3Drafter
+    from eyas.families.eagle3.model import Eagle3Drafter
 
     config, tensors = import_draft_dir(directory, target_layers)
     drafter = Eagle3Drafter(config, d2t=tensors.pop("d2t"))

@@ -16,13 +16,11 @@ from pathlib import Path
 
 import torch
 
-from eyas.drafter.dflash import DFlashConfig, DFlashDrafter, dflash_ids
 from eyas.errors import EyasError
-from eyas.export.eagle3 import TORCH_DTYPES, torch_dtype_name
-from eyas.export.files import safetensors_header, weight_files, write_draft_dir
+from eyas.export.files import TORCH_DTYPES, safetensors_header, torch_dtype_name, weight_files, write_draft_dir
+from eyas.families.dflash.config import ARCHITECTURE, DFlashConfig, dflash_ids
+from eyas.families.dflash.model import DFlashDrafter
 from eyas.target.layer_ids import from_output_spelling
-
-ARCHITECTURE = "DFlashDraftModel"
 
 
 def dflash_config_json(config: DFlashConfig, dtype: str, max_position_embeddings: int | None = None) -> dict:
@@ -57,23 +55,6 @@ def write_dflash_dir(out: Path, drafter: DFlashDrafter, dtype: str, max_position
     """The drafter as a directory vLLM's dflash method loads (config.json, model.safetensors, README.md)."""
     tensors = {name: t.detach().to(TORCH_DTYPES[dtype]).contiguous() for name, t in drafter.state_dict().items()}
     return write_draft_dir(out, dflash_config_json(drafter.config, dtype, max_position_embeddings), tensors, card)
-
-
-def dflash_block(draft: Path | None) -> int | None:
-    """The block size of a DFlash drafter directory, None for any other drafter (or none). A damaged config.json is
-    not judged here: the drafter's own reader says so, naming the file."""
-    import json
-
-    path = Path(draft) / "config.json" if draft is not None else None
-    if path is None or not path.is_file():
-        return None
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError):
-        return None
-    if not isinstance(config, dict) or ARCHITECTURE not in (config.get("architectures") or []):
-        return None
-    return int(config.get("block_size", 0))
 
 
 def config_from_json(config: dict, where: str = "config.json") -> DFlashConfig:

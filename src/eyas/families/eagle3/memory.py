@@ -8,7 +8,7 @@ from unittest import mock
 
 import torch
 
-from eyas.drafter.config import DrafterConfig
+from eyas.families.eagle3.config import DrafterConfig
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -47,9 +47,9 @@ def saved_storages(module: torch.nn.Module) -> Iterator[dict[int, int]]:
 def ttt_saved_bytes(config: DrafterConfig, rows: int, length: int, steps: int) -> int:
     """Bytes autograd keeps for backward over a TTT unroll and its loss at these widths (meta tensors, bf16 as autocast
     computes): the activation memory of a training micro-batch."""
-    from eyas.drafter.loss import TargetSignal, step_loss
-    from eyas.drafter.model import Eagle3Drafter
-    from eyas.drafter.ttt import ttt_steps
+    from eyas.families.eagle3.loss import TargetSignal, step_loss
+    from eyas.families.eagle3.model import Eagle3Drafter
+    from eyas.families.eagle3.ttt import ttt_steps
 
     with torch.device("meta"):
         drafter = Eagle3Drafter(config).to(torch.bfloat16)

@@ -10,18 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from eyas.drafter.config import DrafterConfig
+from eyas.families.eagle3.config import DrafterConfig
 from eyas.errors import EyasError
-from eyas.export.contract import ARCHITECTURE, expected_shapes
+from eyas.families.eagle3.contract import ARCHITECTURE, expected_shapes
+from eyas.export.files import TORCH_DTYPES, torch_dtype_name
 from eyas.target.layer_ids import is_default_layer_ids, sglang_spelling
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def torch_dtype_name(dtype: str) -> str:
-    """config.json's ``torch_dtype`` for an export dtype: bf16 → "bfloat16"."""
-    return str(TORCH_DTYPES[dtype]).removeprefix("torch.")
-
 
 def draft_config(config: DrafterConfig, target_model_type: str, target_layers: int, dtype: str) -> dict:
     """The drafter's ``config.json``."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eyas.drafter.ttt import shift_left
+from eyas.families.eagle3.ttt import shift_left
 from eyas.sampling import sampling_probs
 
 log = logging.getLogger(__name__)

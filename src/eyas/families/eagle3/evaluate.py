@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from eyas.drafter.loss import StepResult, step_loss, target_signal
-from eyas.drafter.ttt import shift_left, ttt_steps
+from eyas.families.eagle3.loss import StepResult, step_loss, target_signal
+from eyas.families.eagle3.ttt import shift_left, ttt_steps
 from eyas.sampling import sampling_probs
 
 ANSWER_START = 128  # tokens: what `eyas bench`'s short runs decode of an answer
@@ -49,7 +49,7 @@ def drawn_acceptance(logits: torch.Tensor, tempered: torch.Tensor, loss_mask: to
                      temperature: float) -> torch.Tensor:
     """α of TTT step ``step`` at every position [B, T] (module docstring): the drafter's ``logits`` [B, T, Vd] against
     the target's distribution at ``temperature`` read at the draft tokens ``tempered`` [B, T, Vd] where the step
-    predicts (as :func:`eyas.drafter.loss.step_loss` aligns them); 0 where that is past an answer."""
+    predicts (as :func:`eyas.families.eagle3.loss.step_loss` aligns them); 0 where that is past an answer."""
     shift = 1 + step
     drafter = sampling_probs(logits, temperature)
     kept = torch.minimum(shift_left(tempered, shift), drafter).sum(-1)

@@ -4,23 +4,29 @@ The drafter's context is one row per position the target has run (fc + hidden_no
 each layer's keys and values of those rows are computed once, when the target accepts the position (*commit*), and
 kept in a cache indexed by position. Drafting runs one block — the root (the last emitted token, at the target's
 committed length) followed by B − 1 mask tokens — through every layer in one forward, each block row seeing the
-cache's slots before the root and the whole block: :meth:`eyas.drafter.dflash.DFlashDrafter.block_hidden`, the code
+cache's slots before the root and the whole block: :meth:`eyas.families.dflash.model.DFlashDrafter.block_hidden`, the code
 training runs, with the cache as the context. A round commits every state its verify returned, accepted or not: those
 past what the target accepted lie at positions the next block starts at or after, masked until overwritten.
 
 Every number a round passes (positions, the root, the committed length) is a device tensor and attention spans the
 whole cache under a mask built on the device: a round is recorded as one CUDA graph, as EAGLE-3's
 (:mod:`eyas.engine.draft_runner`). A prompt's states are committed eagerly, once per generation.
+
+A block drafter proposes one chain of up to block − 1 tokens a round: :func:`check_block_modes` refuses any other mode.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eyas.drafter.dflash import DFlashDrafter
 from eyas.engine.cpu_head import vocab_head
+from eyas.errors import EyasError
+from eyas.families.dflash.model import DFlashDrafter
+from eyas.speculation import Speculation
 
 
 class BlockDraftRunner:
@@ -48,6 +54,11 @@ class BlockDraftRunner:
     @property
     def block_size(self) -> int:
         return self.config.block_size
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """The target's taps the drafter reads (eyas ids): the target runner captures these."""
+        return self.config.layer_ids
 
     def reset(self) -> None:
         """Forget every committed position (a new prompt)."""
@@ -86,3 +97,12 @@ class BlockDraftRunner:
         mask = torch.cat([self._slots < anchor, self._own]).expand(self.config.block_size, -1)
         hidden = self.drafter.block_hidden(F.embedding(tokens, self.embed), positions, self.cache, mask)
         return self._head(hidden[:, 1 : steps + 1])[0]
+
+
+def check_block_modes(modes: Iterable[Speculation], block_size: int, where: str) -> None:
+    """A block drafter proposes one chain of up to block − 1 tokens a round: refuse a tree or a longer chain."""
+    for mode in modes:
+        if mode.mode != "chain" or mode.draft_length > block_size - 1:
+            raise EyasError(f"--mode {mode.label()}: {where} is a DFlash block drafter (block {block_size}), which proposes "
+                            f"one chain of up to {block_size - 1} tokens a round: use chain:K with K ≤ {block_size - 1} "
+                            f"(chain:{block_size - 1}: the whole block)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eyas.drafter.config import DrafterConfig
+from eyas.families.eagle3.config import DrafterConfig
 
 H200_BF16_DENSE = 989e12  # FLOP/s: the H200 SXM's dense bf16 peak (NVIDIA's datasheet, the H100's rate)
 

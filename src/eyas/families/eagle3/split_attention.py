@@ -2,7 +2,7 @@
 keys one dot product each, the two merged by their log-sum-exp.
 
 At TTT step k ≥ 1 a query at position i sees the step-0 ("real") keys of positions ≤ i and its own k keys of steps
-1 … k at position i (eyas.drafter.ttt). One softmax over both sets:
+1 … k at position i (eyas.families.eagle3.ttt). One softmax over both sets:
 
     lse_i   = log(exp(lse_real_i) + Σ_j exp(s_ij))            s_ij = q_i · own_k_ij · scale
     out_i   = exp(lse_real_i − lse_i) · out_real_i + Σ_j exp(s_ij − lse_i) · own_v_ij
@@ -94,6 +94,6 @@ class SplitAttention(torch.autograd.Function):
 
 def attend_split(q: torch.Tensor, real_k: torch.Tensor, real_v: torch.Tensor, own_k: list[torch.Tensor],
                  own_v: list[torch.Tensor]) -> torch.Tensor:
-    """eyas.drafter.ttt.attend_real_and_own's result: ``real_*`` [B, h, T, d] step 0's keys and values, ``own_*`` one
+    """eyas.families.eagle3.ttt.attend_real_and_own's result: ``real_*`` [B, h, T, d] step 0's keys and values, ``own_*`` one
     [B, h, T, d] per later step, the current one included."""
     return SplitAttention.apply(q, real_k, real_v, *own_k, *own_v)

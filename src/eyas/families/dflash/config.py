@@ -1,0 +1,83 @@
+"""The DFlash drafter's shape (:class:`DFlashConfig`, RUN_DIR's drafter_config.json), the names that tell its RUN_DIR
+and DRAFT_DIR apart from other families', and its layer-id rules; no torch.
+
+Layer ids are eyas ids (DESIGN: id L = the residual stream entering decoder layer L); DFlash's own configs count "the
+output of layer i", which is eyas id i + 1 (:func:`dflash_ids`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from eyas.target.layer_ids import from_output_spelling, output_spelling
+
+
+@dataclass
+class DFlashConfig:
+    """The drafter's shape; ``layer_ids`` in eyas' meaning, one per tapped target layer."""
+
+    hidden_size: int
+    target_hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    block_size: int
+    mask_token_id: int
+    layer_ids: list[int]
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+
+    def to_dict(self) -> dict:
+        """JSON-ready, with the family named (RUN_DIR's drafter_config.json: ``"drafter": "dflash"``)."""
+        return {FAMILY_KEY: FAMILY, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DFlashConfig:
+        """Inverse of :meth:`to_dict` (unknown keys ignored)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+FAMILY_KEY, FAMILY = "drafter", "dflash"  # how a drafter_config.json says which family it describes (absent: EAGLE-3)
+ARCHITECTURE = "DFlashDraftModel"  # an exported DRAFT_DIR's config.json "architectures" (vLLM's registry key)
+
+
+def dflash_config_from_target(target_config, layer_ids, block_size: int, draft_layers: int,
+                              mask_token_id: int | None = None) -> DFlashConfig:
+    """A drafter as wide as the target's text model, with its heads, MLP width, norm epsilon and RoPE base; the mask
+    token: ``mask_token_id``, else the vocabulary's last id (a padded vocabulary's unused row; otherwise a rare one)."""
+    from eyas.target.layout import text_config
+
+    cfg = text_config(target_config)
+    hidden = int(cfg.hidden_size)
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    theta = float(rope.get("rope_theta") or getattr(cfg, "rope_theta", None) or 10000.0)
+    vocab = int(cfg.vocab_size)
+    return DFlashConfig(
+        hidden_size=hidden, target_hidden_size=hidden, num_hidden_layers=int(draft_layers), num_attention_heads=heads,
+        num_key_value_heads=kv_heads if heads % kv_heads == 0 else heads,
+        head_dim=int(getattr(cfg, "v_head_dim", None) or getattr(cfg, "head_dim", None) or hidden // heads),
+        intermediate_size=int(getattr(cfg, "intermediate_size", 4 * hidden)), vocab_size=vocab,
+        block_size=int(block_size), mask_token_id=vocab - 1 if mask_token_id is None else int(mask_token_id),
+        layer_ids=[int(i) for i in layer_ids], rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)), rope_theta=theta,
+        max_position_embeddings=int(getattr(cfg, "max_position_embeddings", None) or 32768))
+
+
+def default_dflash_layer_ids(target_layers: int, draft_layers: int) -> list[int]:
+    """The published rule (z-lab, SpecForge, SGLang: one tap per draft layer, evenly spaced over outputs 1 … N − 3;
+    one draft layer: the middle), in eyas ids. Qwen3-8B (36 layers), 5 draft layers: outputs [1, 9, 17, 25, 33]."""
+    if draft_layers == 1:
+        outputs = [target_layers // 2]
+    else:
+        outputs = [round(1 + i * (target_layers - 4) / (draft_layers - 1)) for i in range(draft_layers)]
+    return list(from_output_spelling(outputs))
+
+
+def dflash_ids(layer_ids: list[int]) -> list[int]:
+    """eyas ids → DFlash's ``target_layer_ids`` (the output of layer i = the input of layer i + 1), as a list."""
+    return list(output_spelling(layer_ids))

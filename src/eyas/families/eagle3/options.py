@@ -1,0 +1,25 @@
+"""EAGLE-3's own options of ``eyas train`` (the registry adds them to its flags, each help led by "eagle3: ")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eyas.options import Options, above, at_least, each, one_of, option, within
+
+
+@dataclass
+class Eagle3Options(Options):
+    """How an EAGLE-3 drafter is built, trained (training-time test) and evaluated."""
+
+    ttt_steps: int = option(7, "training-time-test steps K", check=at_least(1))
+    step_decay: float = option(0.8, "weight of step k's loss is decay^k", check=within(0, 1, low_open=True))
+    attention: str = option("auto", "how TTT steps after the first attend (the same result up to rounding; only speed "
+                            "and memory differ): concat = one fused attention over real and own keys under a mask, "
+                            "split = a causal flash kernel over real keys merged with the own keys by log-sum-exp, "
+                            "scores = written out; auto = split on a GPU, scores elsewhere",
+                            check=one_of("auto", "concat", "split", "scores"))
+    eval_temperatures: tuple[float, ...] = option((1.0,), "each holdout evaluation also simulates τ at these sampling "
+                                                  "temperatures, comma-separated, for chains whose drafts are drawn "
+                                                  "from the drafter (eyas generate/bench at --temperature T)",
+                                                  check=each(above(0)))
+    hidden_size: int | None = option(None, "drafter width (default: the target's)", check=at_least(1))
