@@ -1,6 +1,10 @@
 """What every stage checks of its output directory before it works, and how a write that fails is reported.
 
-Prepare, capture, train, export and bench each call :func:`claim_out` on their ``--out`` before any work. It refuses,
+Every stage walks its ``--out`` through one lifecycle, :class:`StageOut`, in this order: the writer lock
+(:mod:`eyas.out_lock`: the stage function's ``@one_writer``), the claim, the comparison with an earlier output's inputs,
+the free space, the writes, and the manifest last. The rules of each step are the functions below.
+
+Prepare, capture, train, export and bench each claim (:func:`claim_out`) their ``--out`` before any work. It refuses,
 in one line naming the path, an ``--out`` that is a file or lies under one, one that cannot be written (a read-only
 filesystem, no permission: probed by creating and removing a file), and — unless ``--force`` — a directory holding
 other data: anything but this stage's own output (its ``manifest.json``, or while unfinished the files it writes).
@@ -29,6 +33,40 @@ _MARGIN = 0.98  # a filesystem filled to the last byte fails in odd places: keep
 
 class OutputError(EyasError):
     """An output directory that cannot or may not be written: a file, read-only, another's data, a full disk."""
+
+
+class StageOut:
+    """A stage's ``--out`` through the lifecycle every stage shares (module docstring): made by :meth:`claim`; then
+    :meth:`keep_inputs` (or :meth:`keep_input_places`), :meth:`need`, :meth:`writing`; ``previous``: the manifest of
+    this stage the directory held when claimed (None: empty, or an unfinished run's files)."""
+
+    def __init__(self, stage: str, out: Path, force: bool, previous: dict | None):
+        self.stage, self.out, self.force, self.previous = stage, Path(out), force, previous
+
+    @classmethod
+    def claim(cls, stage: str, out: Path, force: bool, markers: Iterable[str] = ()) -> StageOut:
+        """Check ``out`` before ``stage`` writes there (:func:`claim_out`; ``markers``: what the stage writes before its
+        manifest)."""
+        return cls(stage, out, force, claim_out(Path(out), stage, force, markers))
+
+    def keep_inputs(self, old: dict, new: dict) -> None:
+        """An earlier output identified by ``old`` is replaced by one identified by ``new`` only with --force
+        (:func:`refuse_other_inputs`)."""
+        refuse_other_inputs(self.out, self.stage, old, new, self.force)
+
+    def keep_input_places(self, inputs: list[dict]) -> None:
+        """:meth:`keep_inputs` by where the inputs are: the earlier manifest's input records against ``inputs``."""
+        if self.previous is not None:
+            self.keep_inputs(input_places(self.previous.get("inputs", [])), input_places(inputs))
+
+    def need(self, needed: int, what: str, hint: str = "") -> int:
+        """Free bytes at ``out``; refused (unless --force) when ``what`` needs more (:func:`check_space`)."""
+        return check_space(self.out, needed, self.force, what, hint)
+
+    def writing(self, advice: str, path: Path | None = None):
+        """A write of ``path`` (default: the directory) that fails says so in one line with ``advice``
+        (:func:`writing`)."""
+        return writing(self.out if path is None else path, advice)
 
 
 def claim_out(out: Path, stage: str, force: bool, markers: Iterable[str] = (), option: str = "--out") -> dict | None:

@@ -23,14 +23,14 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     from eyas.engine.loading import load_engine, load_target_for
     from eyas.engine.modes import target_capacity
     from eyas.manifest import clear_manifest, input_record, verify_stage_dir, write_manifest
-    from eyas.outputs import check_space, claim_out, input_places, refuse_other_inputs, writing
+    from eyas.outputs import StageOut
     from eyas.progress import progress_bar
     from eyas.target.facts import target_facts, target_input
     from eyas.target.loading import load_target_config
 
     engines = options.chosen_engines()
     _check_choice(options, engines)
-    previous = claim_out(options.out, "bench", options.force, MARKERS)
+    out = StageOut.claim("bench", options.out, options.force, MARKERS)
     modes = bench_modes(options)
     samplings = options.samplings()
     decoders(modes, samplings)  # a rule no mode can run: said before anything loads
@@ -43,10 +43,8 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
         inputs.append(input_record("draft", options.draft))
     if options.data is not None:
         inputs.append(input_record("data", options.data))
-    if previous is not None:  # the same target, drafter and data measured again replace the report; others only forced
-        refuse_other_inputs(options.out, "bench", input_places(previous.get("inputs", [])), input_places(inputs),
-                            options.force)
-    check_space(options.out, 2**20, options.force, "the report")  # report.json, report.md, the plots: well under
+    out.keep_input_places(inputs)  # the same target, drafter and data measured again replace the report
+    out.need(2**20, "the report")  # report.json, report.md, the plots: well under
     if "eyas" in engines:
         target = load_target_for(options.draft, options.target, device=options.device,
                                  trust_remote_code=options.trust_remote_code, dtype=options.dtype)
@@ -78,7 +76,7 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
         run_engines(options, engines, chosen, modes, sorted(stops), result)
     header = {"target": options.target, "draft": str(options.draft), "datasets": ",".join(options.datasets),
               "dropped_prompts": dropped}
-    with writing(options.out, "the measurements are lost: free space or choose another --out, then rerun"):
+    with out.writing("the measurements are lost: free space or choose another --out, then rerun"):
         clear_manifest(options.out)  # until the new report is complete, nothing claims REPORT_DIR is finished
         written = write_report(result, options.out, header)
         if result.partial is None:  # an interrupted run's report is not the stage's result

@@ -23,7 +23,7 @@ from eyas.errors import EyasError
 from eyas.io import atomic_path, file_sha256, remove_stale_temps
 from eyas.manifest import MANIFEST, file_problem, input_record, manifest_fields, output_record, verify_stage_dir
 from eyas.out_lock import one_writer
-from eyas.outputs import check_space, claim_out, human_bytes, refuse_other_inputs, writing
+from eyas.outputs import StageOut, human_bytes
 from eyas.progress import progress_bar
 from eyas.store.async_writer import ShardWriterPool
 from eyas.store.plan import ShardPlan, plan_shards
@@ -60,10 +60,14 @@ class _Run:
     """One process's capture: its options, its --out, its place among the ranks, and the report it fills in."""
 
     options: CaptureOptions
-    out: Path
+    stage_out: StageOut
     rank: int
     world: int
     report: CaptureReport
+
+    @property
+    def out(self) -> Path:
+        return self.stage_out.out
 
 
 @dataclass
@@ -99,11 +103,11 @@ def capture(options: CaptureOptions, loaded=None) -> CaptureReport:
     started = time.perf_counter()
     _check_request(options)
     out = Path(options.out)
-    claim_out(out, "capture", options.force, MARKERS)
+    stage_out = StageOut.claim("capture", out, options.force, MARKERS)
     rank, world, device = init_distributed()
-    run = _Run(options, out, rank, world, CaptureReport(rank=rank, world_size=world))
+    run = _Run(options, stage_out, rank, world, CaptureReport(rank=rank, world_size=world))
     inputs = _load_inputs(options)
-    done = _resume_state(out, inputs.manifest, options.force, rank)
+    done = _resume_state(stage_out, inputs.manifest, rank)
     if done is None:
         if rank == 0:
             _carry_vocab_into_finished(out, inputs.data_dir)
@@ -169,8 +173,8 @@ def _plan_work(run: _Run, inputs: _Inputs, done: dict[str, ShardRecord]) -> _Wor
 
 def _make_room(run: _Run) -> None:
     """Refuse (unless --force) when the disk is short of the planned bytes, say how much, and create --out."""
-    free = check_space(run.out, run.report.estimated_bytes, run.options.force, "the capture",
-                       ", cap it with --max-gb, store --dtype fp8 (half of bf16)")
+    free = run.stage_out.need(run.report.estimated_bytes, "the capture",
+                              ", cap it with --max-gb, store --dtype fp8 (half of bf16)")
     print(f"capture (rank {run.rank}): about {human_bytes(run.report.estimated_bytes)} to write, {human_bytes(free)} free "
           f"at {run.out}", flush=True)
     run.out.mkdir(parents=True, exist_ok=True)
@@ -208,7 +212,8 @@ def _write_shards(run: _Run, manifest: StoreManifest, work: _Work, states) -> No
                 manifest.compute_dtype = pack.compute_dtype  # what capture --check judges the states' noise by
                 packs.append(pack)
                 bar(pack.tokens)
-            writers.submit(lambda p=run.out / shard_name(split, plan.index), k=packs: _write(p, k), recorder(split, plan, rows))
+            writers.submit(lambda p=run.out / shard_name(split, plan.index), k=packs: _write(run.stage_out, p, k),
+                           recorder(split, plan, rows))
     report.capture_seconds = time.perf_counter() - loop_started
 
 
@@ -225,8 +230,9 @@ def _load_samples(data_dir: Path, splits) -> dict:
     return samples
 
 
-def _resume_state(out: Path, manifest: StoreManifest, force: bool, rank: int) -> dict[str, ShardRecord] | None:
+def _resume_state(stage_out: StageOut, manifest: StoreManifest, rank: int) -> dict[str, ShardRecord] | None:
     """Shards already finished (by name); None when the store is complete. Refuses stores made otherwise."""
+    out, force = stage_out.out, stage_out.force
     final = out / MANIFEST
     partials = sorted(out.glob("manifest.rank*.json")) if out.is_dir() else []
     existing = [] if force else [StoreManifest.load(p) for p in ([final] if final.is_file() else []) + partials]
@@ -235,7 +241,7 @@ def _resume_state(out: Path, manifest: StoreManifest, force: bool, rank: int) ->
             path.unlink(missing_ok=True)
     barrier()
     for old in existing:
-        refuse_other_inputs(out, "capture", old.identity(), manifest.identity(), force)
+        stage_out.keep_inputs(old.identity(), manifest.identity())
 
     def intact(record: ShardRecord) -> bool:
         return file_problem(out / record.file, record.bytes, record.sha256, digest=False) is None
@@ -291,9 +297,10 @@ def _state_source(options: CaptureOptions, inputs: _Inputs, work: _Work, device,
     return states
 
 
-def _write(path: Path, packs: list) -> tuple[int, str]:
+def _write(stage_out: StageOut, path: Path, packs: list) -> tuple[int, str]:
     """Write one shard (on a writer thread); a full disk ends the capture with one line, the finished shards kept."""
-    with writing(path, "the shards finished before it are kept: free space, then rerun the same command to resume"):
+    with stage_out.writing("the shards finished before it are kept: free space, then rerun the same command to resume",
+                           path):
         return write_shard(path, packs)
 
 

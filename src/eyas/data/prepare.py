@@ -30,7 +30,7 @@ from eyas.errors import EyasError
 from eyas.io import write_json_atomic
 from eyas.manifest import MANIFEST, clear_manifest, input_record, manifest_fields
 from eyas.out_lock import one_writer
-from eyas.outputs import check_space, claim_out, refuse_other_inputs, writing
+from eyas.outputs import StageOut
 from eyas.progress import progress_bar
 
 FILES = {"train": "train.parquet", "holdout": "holdout.parquet", "vocab": VOCAB_FILE}
@@ -67,7 +67,8 @@ def prepare(options: PrepareOptions) -> PrepareStats:
     template = read_chat_template(options.chat_template)  # a missing file fails before the target is loaded
     started = time.perf_counter()
     out = Path(options.out)
-    previous = claim_out(out, "prepare", options.force, MARKERS)
+    stage_out = StageOut.claim("prepare", out, options.force, MARKERS)
+    previous = stage_out.previous
     config, source = load_target_config(options.target, options.trust_remote_code)
     tokenizer = load_tokenizer(source, options.trust_remote_code)
     if tokenizer is None:
@@ -78,7 +79,7 @@ def prepare(options: PrepareOptions) -> PrepareStats:
         recorded = previous.get("fingerprint") or {k: previous.get(k) for k in fingerprint}  # older: at the top level
         if recorded == fingerprint and not options.force:
             raise AlreadyPrepared(out)
-        refuse_other_inputs(out, "prepare", recorded, fingerprint, options.force)
+        stage_out.keep_inputs(recorded, fingerprint)
 
     stats = PrepareStats()
     conversations = _read_all(options, stats)
@@ -97,9 +98,10 @@ def prepare(options: PrepareOptions) -> PrepareStats:
     counts = count_masked_tokens(((s.input_ids, s.loss_mask) for s in train), vocab_size)
     vocab = build_draft_vocab(counts, options.draft_vocab_size)
     # int32 ids + uint8 masks (before Parquet's compression), the vocabulary's int64 counts and d2t and bool t2d
-    check_space(out, 5 * stats.tokens + 9 * vocab_size + 8 * len(vocab.d2t) + 2**20, options.force, "the prepared data")
+    stage_out.need(5 * stats.tokens + 9 * vocab_size + 8 * len(vocab.d2t) + 2**20, "the prepared data")
     inputs = [*(input_record("source", spec) for spec in options.data), target_input(target_facts(options.target, config, source))]
-    with writing(out, f"{out} holds no finished DATA_DIR now (no manifest.json): free space, then rerun the same command"):
+    with stage_out.writing(f"{out} holds no finished DATA_DIR now (no manifest.json): free space, then rerun the same "
+                           "command"):
         clear_manifest(out)  # until the new files are all written, nothing claims DATA_DIR is finished
         write_samples(train, out / FILES["train"])
         write_samples(holdout, out / FILES["holdout"])

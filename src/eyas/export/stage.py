@@ -34,11 +34,11 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "auto",
     from eyas import families
     from eyas.export.files import DRAFT_FILES, TORCH_DTYPES, write_draft_dir
     from eyas.manifest import REMEDIES, input_record, read_json_object, write_manifest
-    from eyas.outputs import check_space, claim_out, input_places, refuse_other_inputs, writing
+    from eyas.outputs import StageOut
     from eyas.target.facts import target_input
     from eyas.train.resume import run_options
 
-    previous = claim_out(out, "export", force)
+    stage_out = StageOut.claim("export", out, force)
     run_dir = Path(run_dir)
     final = run_dir / "final"
     if not (final / "model.safetensors").is_file():
@@ -64,10 +64,9 @@ def export_run(run_dir: Path, out: Path, dtype: str = "bf16", fmt: str = "auto",
                                           report, target, Path(out))
     stage = ExportOptions(run_dir=run_dir, out=Path(out), format=fmt, dtype=dtype, force=force)
     inputs = [input_record("run", run_dir), target_input(target)]
-    if previous is not None:  # a re-export of the same run replaces it (in any format or dtype); another run's only forced
-        refuse_other_inputs(out, "export", input_places(previous.get("inputs", [])), input_places(inputs), force)
-    check_space(out, (final / "model.safetensors").stat().st_size + 2**20, force, "the export")  # fp32 weights: at most
-    with writing(out, f"{out} is unchanged (a DRAFT_DIR is replaced only once complete): free space, then rerun"):
+    stage_out.keep_input_places(inputs)  # a re-export of the same run replaces it (in any format or dtype)
+    stage_out.need((final / "model.safetensors").stat().st_size + 2**20, "the export")  # fp32 weights: at most
+    with stage_out.writing(f"{out} is unchanged (a DRAFT_DIR is replaced only once complete): free space, then rerun"):
         return write_draft_dir(out, config, tensors, card,
                                then=lambda tmp: write_manifest(tmp, "export", stage, inputs, DRAFT_FILES, target=target))
 

@@ -25,7 +25,7 @@ import torch
 from eyas.distributed import all_reduce_sum, barrier, init_distributed
 from eyas.errors import EyasError
 from eyas.out_lock import one_writer
-from eyas.outputs import check_space, claim_out
+from eyas.outputs import StageOut
 from eyas.progress import progress_bar
 from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, run_bytes, save_checkpoint
 from eyas.train.data import Prefetcher, batch_seed, batches_forever
@@ -63,6 +63,7 @@ class _Resume:
     at: int
     recorded: dict | None
     start_over: bool
+    out: StageOut
 
 
 @dataclass
@@ -136,8 +137,8 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
 def _resume_point(options: TrainOptions, lead: bool) -> _Resume:
     """Claim --out (rank 0) and find the checkpoint a run resumes from; a run already there needs --resume or --force."""
     out = Path(options.out)
-    if lead:
-        claim_out(out, "train", options.force, RUN_MARKERS)
+    stage_out = StageOut.claim("train", out, options.force, RUN_MARKERS) if lead else \
+        StageOut("train", out, options.force, None)  # other ranks leave the directory to rank 0
     latest = latest_checkpoint(out)
     start_over = latest is not None and not options.resume
     if start_over and not options.force:
@@ -146,7 +147,7 @@ def _resume_point(options: TrainOptions, lead: bool) -> _Resume:
     if start_over:  # --force: a new run (the old one's files are removed just before it writes its own)
         latest = None
     at = json.loads((latest / "state.json").read_text())["step"] if latest is not None else 0
-    return _Resume(latest, at, read_run_record(out) if latest is not None else None, start_over)
+    return _Resume(latest, at, read_run_record(out) if latest is not None else None, start_over, stage_out)
 
 
 def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int, device: torch.device) -> _Run:
@@ -161,8 +162,8 @@ def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int
     if options.fsdp and not family.shardable:
         raise EyasError(f"--fsdp does not shard {family.name} drafters: train without it (--drafter {family.name})")
     if rank == 0:
-        check_space(out, run_bytes(out, drafter, options.keep), options.force, "training (checkpoints, final weights)",
-                    ", keep fewer checkpoints with --keep")
+        resume.out.need(run_bytes(out, drafter, options.keep), "training (checkpoints, final weights)",
+                        ", keep fewer checkpoints with --keep")
     if options.fsdp and world > 1:
         family.shard(drafter)
     per_step = options.grad_accum * world
