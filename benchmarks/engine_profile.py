@@ -1,4 +1,4 @@
-"""Where a decoding round's time goes: its steps draft, verify, accept, commit; the prefill; the rest.
+"""Where a decoding round's time goes: its steps draft, verify, judge, commit; the prefill; the rest.
 
     python benchmarks/engine_profile.py --target demo --draft DRAFT_DIR [--variant eager|graphs|compile]
         [--modes plain,chain:5,tree:60,7,10] [--prompts 3] [--max-new-tokens 128] [--temperature 0]
@@ -6,8 +6,7 @@
 
 Each step is timed with the device synchronised on both sides, so the steps add up to the wall time (with
 less host/device overlap than an untimed run has). With ``--variant eager`` every round runs its steps from
-Python and each is timed; with CUDA graphs a greedy round is one replay, timed as the bursts that replay it
-(sampled rounds still show their accept step). MT-bench first turns, batch 1, greedy unless
+Python and each is timed; with CUDA graphs a round is one replay, timed as the bursts that replay it. MT-bench first turns, batch 1, greedy unless
 ``--temperature`` says otherwise. ``--host-profile``: the host functions that took the most time (cProfile
 over each mode's timed prompts), for rounds that are host-bound.
 """
@@ -28,6 +27,7 @@ from eyas.engine.acceptance import Sampling
 from eyas.engine.burst import Burst
 from eyas.engine.loading import load_engine
 from eyas.engine.modes import parse_mode
+from eyas.engine import judges, proposers
 from eyas.engine.round import Round
 from eyas.engine.target_runner import TargetRunner
 
@@ -59,9 +59,10 @@ def main() -> None:
             return result
         return wrapper
 
-    patches = [(TargetRunner, "prefill", "target prefill"), (Round, "draft", "draft"), (Round, "verify", "verify"),
-               (Round, "accept", "accept"), (Round, "commit", "commit"), (Round, "sampled", "sampled round"),
-               (Burst, "extend", "bursts queued"), (Burst, "collect", "bursts read back")]
+    drafting = [(c, "propose", "draft") for c in vars(proposers).values() if isinstance(c, type) and hasattr(c, "propose")]
+    judging = [(c, "judge", "judge") for c in vars(judges).values() if isinstance(c, type) and hasattr(c, "judge")]
+    patches = [(TargetRunner, "prefill", "target prefill"), *drafting, (Round, "verify", "verify"), *judging,
+               (Round, "commit", "commit"), (Burst, "extend", "bursts queued"), (Burst, "collect", "bursts read back")]
     for owner, attr, name in patches:
         setattr(owner, attr, phase(name, getattr(owner, attr)))
     for label in [m.strip() for m in args.modes.split(";") if m.strip()]:

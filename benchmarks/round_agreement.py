@@ -32,6 +32,7 @@ from eyas.engine.decode import generate, round_for
 from eyas.engine.graphs import compiled as compiled_step
 from eyas.engine.loading import load_engine
 from eyas.engine.modes import parse_modes, target_capacity
+from eyas.speculation import Sampling
 from eyas.target.loading import load_target
 
 # a variant's compiler: as the engine compiles its rounds, or a plain torch.compile (what the engine did before)
@@ -39,10 +40,11 @@ COMPILERS = {"compile": compiled_step, "unrounded": lambda step: torch.compile(s
 
 
 def one_round(decoding_round) -> tuple[torch.Tensor, ...]:
-    """Draft → verify → accept, nothing committed → (draft tokens, parents or empty, target argmax [n], accepted)."""
-    draft = decoding_round.draft()
+    """Draft → verify → judge (the greedy decoder), nothing committed → (draft tokens, parents or empty, target argmax [n], accepted)."""
+    decoder = decoding_round.decoder(Sampling())
+    draft, _ = decoder.proposer.propose(decoding_round, None)
     logits = decoding_round.verify(draft)
-    verdict = decoding_round.accept(draft, logits)
+    verdict = decoder.judge.judge(decoding_round, draft, logits, None, None)
     parents = draft.parents if draft.parents is not None else draft.tokens[:0]
     return draft.tokens, parents, logits.argmax(-1), verdict.accepted
 

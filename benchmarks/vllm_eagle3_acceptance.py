@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 
 from eyas.data.benchmarks import holdout_prompts, load_prompts
-from eyas.engine.decode import Speculation, generate
+from eyas.engine.decode import generate
+from eyas.speculation import Chain
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
 from eyas.families.eagle3.export import draft_config, draft_tensors
@@ -95,7 +96,7 @@ def eyas_side(target, prompts, runs: dict[str, tuple[Path, int]], max_new: int, 
         runner = TargetRunner(target.model, target.layout, drafter.config.layer_ids, 2048)
         draft_runner = DraftRunner(drafter, 2048)
         start = time.time()
-        decoded = [generate(runner, torch.tensor([p]), max_new, draft_runner, Speculation("chain", k), stop_ids=stop)
+        decoded = [generate(runner, torch.tensor([p]), max_new, draft_runner, Chain(k), stop_ids=stop)
                    for p in prompts]
         rounds = sum(r.rounds for r in decoded)
         accepted = sum(sum(r.accepted) for r in decoded)

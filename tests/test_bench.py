@@ -110,13 +110,14 @@ def test_modes_parse_or_explain():
 def test_generate_streams_the_same_tokens_with_and_without_a_drafter(setup):
     root, target, _ = setup
     # the tiny target has no tokenizer: give generate a prompt through a DATA_DIR-free path by using ids directly
-    from eyas.engine.decode import Speculation, generate
+    from eyas.engine.decode import generate
+    from eyas.speculation import Tree
     from eyas.engine.loading import load_engine, prompt_tensor
 
     engine = load_engine(target, root / "draft", 128, "cpu", dtype="fp32")
     streamed: list[int] = []
     ids = prompt_tensor(list(np.arange(1, 11)))
-    with_draft = generate(engine.target_runner, ids, 16, engine.draft_runner, Speculation("tree", top_k=3, depth=3, total=8),
+    with_draft = generate(engine.target_runner, ids, 16, engine.draft_runner, Tree(top_k=3, depth=3, total=8),
                           on_tokens=streamed.extend)
     alone = generate(engine.target_runner, ids, 16)
     assert streamed == with_draft.tokens == alone.tokens

@@ -11,23 +11,25 @@ compile of the same round does not, which shows the comparison can tell.
 import pytest
 import torch
 
-from eyas.engine.decode import Speculation, round_for
+from eyas.engine.decode import round_for
 from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.graphs import compiled
 from eyas.engine.target_runner import TargetRunner
+from eyas.speculation import Sampling, Tree
 from eyas.target.layout import discover_layout
 from test_drafter_consistency import random_drafter, tiny_config
 from test_engine_greedy import prompt_of
 from zoo import ARCHITECTURES
 
-TREE = Speculation("tree", top_k=4, depth=3, total=10)
+TREE = Tree(top_k=4, depth=3, total=10)
 
 
 def round_outputs(decoding_round):
-    """Draft → verify → accept from the round's state, nothing committed → every tensor it decided."""
-    draft = decoding_round.draft()
+    """Draft → verify → judge (the greedy decoder) from the round's state, nothing committed → every tensor it decided."""
+    decoder = decoding_round.decoder(Sampling())
+    draft, _ = decoder.proposer.propose(decoding_round, None)
     logits = decoding_round.verify(draft)
-    verdict = decoding_round.accept(draft, logits)
+    verdict = decoder.judge.judge(decoding_round, draft, logits, None, None)
     return draft.tokens, draft.parents, logits, verdict.accepted
 
 

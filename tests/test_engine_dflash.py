@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from eyas.engine.acceptance import Sampling
-from eyas.engine.decode import Speculation, generate
+from eyas.engine.decode import generate
+from eyas.speculation import Chain
 from eyas.engine.target_runner import TargetRunner
 from eyas.families.dflash.config import dflash_config_from_target
 from eyas.families.dflash.model import DFlashDrafter, propose
@@ -26,7 +27,7 @@ from zoo import ARCHITECTURES
 
 NEW_TOKENS = 20
 BLOCK = 4
-CHAIN = Speculation("chain", BLOCK - 1)
+CHAIN = Chain(BLOCK - 1)
 
 
 def block_runners(model, capacity=96, seed=0):

@@ -9,7 +9,8 @@ what it computed before.
 import pytest
 import torch
 
-from eyas.engine.decode import Speculation, generate
+from eyas.engine.decode import generate
+from eyas.speculation import Chain, Tree
 from eyas.engine.drafting import ancestor_mask
 from eyas.engine.fused_llama import fused_support
 from eyas.engine.target_runner import TargetRunner
@@ -59,7 +60,7 @@ def test_fused_generation_is_lossless(arch):
     assert target.fused is not None
     prompt = prompt_of(6)
     expected = reference_greedy(model, prompt, NEW_TOKENS)
-    for speculation in (None, Speculation("chain", 4), Speculation("tree", top_k=4, depth=3, total=10)):
+    for speculation in (None, Chain(4), Tree(top_k=4, depth=3, total=10)):
         assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == expected
 
 

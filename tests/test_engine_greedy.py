@@ -12,8 +12,10 @@ import torch
 
 import eyas.engine.burst as burst_module
 from eyas.engine.burst import Burst
-from eyas.engine.decode import Speculation, generate, round_for
+from eyas.engine.decode import generate, round_for
+from eyas.speculation import Chain, Tree
 from eyas.engine.draft_runner import DraftRunner
+from eyas.engine.proposers import GreedyChain
 from eyas.engine.round import Draft, Round
 from eyas.engine.target_runner import TargetRunner
 from eyas.target.layout import discover_layout
@@ -21,8 +23,8 @@ from test_drafter_consistency import random_drafter, tiny_config
 from zoo import ARCHITECTURES
 
 NEW_TOKENS = 24
-CHAIN = Speculation("chain", 4)
-TREE = Speculation("tree", top_k=4, depth=3, total=10)
+CHAIN = Chain(4)
+TREE = Tree(top_k=4, depth=3, total=10)
 
 
 def reference_greedy(model, prompt: torch.Tensor, new_tokens: int) -> list[int]:
@@ -148,17 +150,17 @@ def test_a_padded_prefill_equals_the_eager_one(arch):
 def oracle_chain(monkeypatch, continuation: list[int], prompt_length: int, wrong_at: int) -> None:
     """Every chain round drafts the true greedy continuation, except that draft ``wrong_at`` is wrong. The real
     drafter still runs (its cache bookkeeping is exercised); only its proposals are replaced."""
-    real = Round.draft
+    real = GreedyChain.propose
 
-    def draft(self):
-        proposed = real(self)
-        done = emitted_so_far(self, prompt_length)
+    def propose(self, decoding_round, uniforms):
+        proposed, _ = real(self, decoding_round, uniforms)
+        done = emitted_so_far(decoding_round, prompt_length)
         drafts = [continuation[min(done + i, len(continuation) - 1)] for i in range(len(proposed.tokens) - 1)]
         if wrong_at < len(drafts):
             drafts[wrong_at] = (drafts[wrong_at] + 1) % 256
-        return Draft(torch.cat([proposed.tokens[:1], torch.tensor(drafts)]), proposed.positions)
+        return Draft(torch.cat([proposed.tokens[:1], torch.tensor(drafts)]), proposed.positions), None
 
-    monkeypatch.setattr(Round, "draft", draft)
+    monkeypatch.setattr(GreedyChain, "propose", propose)
 
 
 @pytest.mark.parametrize("wrong_at", [0, 2, 5])
@@ -169,7 +171,7 @@ def test_accepted_drafts_commit_correctly_and_tau_counts_them(arch, wrong_at, mo
     prompt = prompt_of(7)
     expected = reference_greedy(model, prompt, NEW_TOKENS + 8)
     oracle_chain(monkeypatch, expected, prompt.shape[1], wrong_at)
-    chain = generate(target, prompt, NEW_TOKENS, drafter, Speculation("chain", 5))
+    chain = generate(target, prompt, NEW_TOKENS, drafter, Chain(5))
     assert chain.tokens == expected[:NEW_TOKENS]
     accepted = min(wrong_at, 5)  # every round accepts exactly the drafts before the wrong one
     assert chain.accepted == [accepted] * chain.rounds
@@ -226,7 +228,7 @@ def test_a_window_on_every_layer_is_honoured(static_window):
     assert target.sliding_everywhere
     prompt = prompt_of(1)
     expected = reference_greedy(model, prompt, NEW_TOKENS)
-    for speculation in (None, Speculation("chain", 3), Speculation("tree", top_k=3, depth=3, total=8)):
+    for speculation in (None, Chain(3), Tree(top_k=3, depth=3, total=8)):
         assert generate(target, prompt, NEW_TOKENS, drafter, speculation).tokens == expected
 
 
@@ -274,7 +276,7 @@ def constant_pair(seed=3):
     return model, layout, drafter
 
 
-@pytest.mark.parametrize("speculation", [Speculation("chain", 4), Speculation("tree", top_k=3, depth=4, total=12)],
+@pytest.mark.parametrize("speculation", [Chain(4), Tree(top_k=3, depth=4, total=12)],
                          ids=["chain", "tree"])
 def test_bursts_emit_what_rounds_run_one_by_one_emit(monkeypatch, speculation):
     """Pipelined bursts (two in flight), serial bursts and the rounds run one at a time with their state read
@@ -306,7 +308,7 @@ def test_bursts_emit_what_rounds_run_one_by_one_emit(monkeypatch, speculation):
     assert 0 < results[True].tau - 1 < speculation.max_depth and len(set(accepted)) > 1 and max(accepted) > 1
 
 
-@pytest.mark.parametrize("speculation", [Speculation("chain", 5), Speculation("tree", top_k=4, depth=5, total=20)],
+@pytest.mark.parametrize("speculation", [Chain(5), Tree(top_k=4, depth=5, total=20)],
                          ids=["chain", "tree"])
 def test_caches_sized_as_the_cli_sizes_them_hold_every_round(speculation):
     """eyas bench / generate size the target's cache to prompt + new tokens + draft tokens + 1, and the drafter's

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from eyas.engine.acceptance import Sampling, draw, target_probs, tree_sampled, tree_verdict
-from eyas.engine.decode import Speculation, generate, round_for
+from eyas.engine.decode import generate, round_for
+from eyas.speculation import Chain, Tree
 from eyas.engine.drafting import ancestor_mask
-from eyas.engine.round import Draft, Round
+from eyas.engine.proposers import GreedyChain, TopKTree
+from eyas.engine.round import Draft
 from test_engine_greedy import NEW_TOKENS, TREE, emitted_so_far, path_agreeing, prompt_of, reference_greedy, runners
 from zoo import ARCHITECTURES
 
@@ -23,7 +25,7 @@ def first_draft(target, drafter, speculation, prompt):
     logits, aux = target.prefill(prompt)
     decoding_round, _ = round_for(target, drafter, speculation)
     decoding_round.begin(prompt, aux, int(logits.argmax()))
-    return decoding_round.draft()
+    return decoding_round.decoder(Sampling()).proposer.propose(decoding_round, None)[0]
 
 
 def test_dynamic_tree_shape_and_masks():
@@ -51,8 +53,8 @@ def test_tree_nodes_match_the_chained_drafter():
     model = ARCHITECTURES["llama"][0]()
     target, drafter = runners(model)
     prompt = prompt_of(4, length=6)
-    chain = first_draft(target, drafter, Speculation("chain", 3), prompt)
-    tree = first_draft(target, drafter, Speculation("tree", top_k=3, depth=3, total=21), prompt)
+    chain = first_draft(target, drafter, Chain(3), prompt)
+    tree = first_draft(target, drafter, Tree(top_k=3, depth=3, total=21), prompt)
     node, path, parents = 0, [], tree.parents.tolist()
     for _ in range(3):
         node = parents.index(node)  # children are stored best first
@@ -75,7 +77,7 @@ def test_scattered_accepted_nodes_are_compacted(monkeypatch):
         depths = torch.tensor([0, 1, 1, 2, 2, 2, 3])
         return Draft(tokens, self.state.target_length + depths, torch.tensor([-1, 0, 0, 2, 2, 2, 5]), depths)
 
-    monkeypatch.setattr(Round, "draft", oracle_tree)
+    monkeypatch.setattr(TopKTree, "propose", lambda proposer, decoding_round, uniforms: (oracle_tree(decoding_round), None))
     generation = generate(target, prompt, NEW_TOKENS, drafter, TREE)
     assert generation.tokens == expected[:NEW_TOKENS]
     assert generation.accepted == [3] * generation.rounds  # nodes 2, 5, 6: slots moved down each round
@@ -88,7 +90,7 @@ def test_the_tree_verdict_follows_the_greedy_rule(seed):
     model = ARCHITECTURES["llama"][0]()
     target, drafter = runners(model)
     gen = torch.Generator().manual_seed(seed)
-    tree = first_draft(target, drafter, Speculation("tree", top_k=3, depth=4, total=14), prompt_of(seed, length=5))
+    tree = first_draft(target, drafter, Tree(top_k=3, depth=4, total=14), prompt_of(seed, length=5))
     logits = torch.randn(len(tree.tokens), 256, generator=gen)
     node = int(torch.randint(0, len(tree.tokens), (1,), generator=gen))  # the target agrees down to this node
     while node > 0:
@@ -190,7 +192,7 @@ def test_speculative_sampling_follows_the_target_end_to_end(mode, monkeypatch):
     first, second_probs = first_two_distributions(model, prompt, Sampling(temperature=0.05))  # flat model: sharpen
     likely = second_probs.topk(2).indices.tolist()
     if mode == "chain":
-        speculation = Speculation("chain", 3)
+        speculation = Chain(3)
 
         def fixed(self):  # the same three drafts whatever the context: verification must stay lossless anyway
             return Draft(torch.cat([self.state.root, torch.tensor([likely[0], 0, 0])]), self.state.target_length + self.steps)
@@ -201,7 +203,8 @@ def test_speculative_sampling_follows_the_target_end_to_end(mode, monkeypatch):
             depths = torch.tensor([0, 1, 1])
             return Draft(torch.cat([self.state.root, torch.tensor([likely[1], likely[0]])]), self.state.target_length + depths,
                          torch.tensor([-1, 0, 0]), depths)
-    monkeypatch.setattr(Round, "draft", fixed)
+    monkeypatch.setattr(GreedyChain if mode == "chain" else TopKTree, "propose",
+                        lambda proposer, decoding_round, uniforms: (fixed(decoding_round), None))
     assert_second_token_follows(
         lambda seed: generate(target, prompt, 2, drafter, speculation, Sampling(temperature=0.05, seed=seed,
                                                                                 draft_sampling="greedy")),
@@ -227,7 +230,7 @@ def test_drawn_drafts_through_the_engine_follow_the_target(mode, verification, m
     wanted[best] = torch.tensor([0.6, 0.4])
     monkeypatch.setattr(DraftRunner, "logits", lambda self, prenorm: (0.05 * wanted.log()).expand(prenorm.shape[1], -1))
     assert_second_token_follows(
-        lambda seed: generate(target, prompt, 2, drafter, Speculation("chain", 3) if mode == "chain" else TREE, Sampling(
+        lambda seed: generate(target, prompt, 2, drafter, Chain(3) if mode == "chain" else TREE, Sampling(
             temperature=0.05, seed=seed, draft_sampling="probabilistic", verification=verification)),
         first, second_probs, seeds=800, least=200)
 
@@ -270,7 +273,7 @@ def test_drawn_tree_shape_fits_its_dynamic_twin():
     assert DrawnTreeShape.best(1, 4, 4).parents == (-1, 0, 1, 2, 3)  # one child a node: a chain
 
 
-@pytest.mark.parametrize("tree", [TREE, Speculation("tree", top_k=3, depth=5, total=20)], ids=["tree:10,3,4", "tree:20,5,3"])
+@pytest.mark.parametrize("tree", [TREE, Tree(top_k=3, depth=5, total=20)], ids=["tree:10,3,4", "tree:20,5,3"])
 def test_drawn_tree_rounds_match_drawing_by_hand(tree):
     """The engine's drawn tree, checked node by node: each host's distribution is the drafter's after the host's path,
     as a chain forced along that path computes it, and its children are the first ranks of Gumbel draws from it at its
@@ -286,9 +289,10 @@ def test_drawn_tree_rounds_match_drawing_by_hand(tree):
     decoding_round, _ = round_for(target, drafter, tree)
     root = int(logits.argmax())
     decoding_round.begin(prompt, aux, root)
-    shape = decoding_round._drawn.shape
-    uniforms = torch.rand(decoding_round._drawn_uniforms, generator=torch.Generator().manual_seed(7))
-    draft, draft_probs = decoding_round.draw_tree(sampling, uniforms)
+    proposer = decoding_round.decoder(sampling.resolved("tree")).proposer  # the drawn tree's
+    shape = proposer.shape
+    uniforms = torch.rand(proposer.uniforms, generator=torch.Generator().manual_seed(7))
+    draft, draft_probs = proposer.propose(decoding_round, uniforms)
     assert draft.parents.tolist() == list(shape.parents) and draft.depths.tolist() == list(shape.depths)
     assert draft.positions.tolist() == [len(prompt[0]) + d for d in shape.depths]
 
@@ -307,7 +311,7 @@ def test_drawn_tree_rounds_match_drawing_by_hand(tree):
     rows = uniforms.view(shape.draws, -1)
     hosts = [h for level in shape.hosts for h in level]
     vocab = drafter.vocabulary()
-    assert decoding_round._drawn.hosts.tolist() == hosts
+    assert proposer.levels.hosts.tolist() == hosts
     for row, host in enumerate(hosts):
         path, node = [], host
         while node > 0:

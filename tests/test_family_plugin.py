@@ -14,7 +14,8 @@ import torch
 
 import zoo
 from eyas.engine.acceptance import Sampling
-from eyas.engine.decode import Speculation, generate
+from eyas.engine.decode import generate
+from eyas.speculation import Chain
 from eyas.engine.target_runner import TargetRunner
 from eyas.families import BuildInputs
 from eyas.target.layer_ids import default_layer_ids
@@ -87,7 +88,7 @@ def test_the_outside_family_decodes_losslessly_on_every_architecture(arch):
     target, runner = toy_runner(model, heads=3)
     prompt = prompt_of(3)
     expected = reference_greedy(model, prompt, 16)
-    assert generate(target, prompt, 16, runner, Speculation("chain", 3)).tokens == expected
+    assert generate(target, prompt, 16, runner, Chain(3)).tokens == expected
 
 
 def test_the_outside_family_samples_the_target_distribution():
@@ -99,7 +100,7 @@ def test_the_outside_family_samples_the_target_distribution():
     wanted[second_probs.topk(2).indices] = torch.tensor([0.6, 0.4])
     runner.slot_logits = lambda root, anchor, steps: (0.05 * wanted.log()).expand(steps, -1)
     assert_second_token_follows(
-        lambda seed: generate(target, prompt, 2, runner, Speculation("chain", 2), Sampling(
+        lambda seed: generate(target, prompt, 2, runner, Chain(2), Sampling(
             temperature=0.05, seed=seed, draft_sampling="probabilistic")),
         first, second_probs, seeds=600, least=150)
 

@@ -211,9 +211,9 @@ class Toy(Family):
         return ToyRunner(drafter, layout.lm_head, capacity + drafter_spare(modes))
 
     def default_modes(self, config):
-        from eyas.speculation import Speculation
+        from eyas.speculation import Chain
 
-        return [Speculation("chain", draft_length=int(config["toy_heads"]))]
+        return [Chain(int(config["toy_heads"]))]
 
 
 TOY = register(Toy())

@@ -11,6 +11,7 @@ on: it imports nothing but :mod:`eyas.errors` (no torch), so an options field ca
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from eyas.errors import EyasError
 
@@ -26,45 +27,67 @@ def tree_size(top_k: int, depth: int, total: int) -> int:
     return min(total, top_k + (depth - 1) * top_k * top_k)
 
 
-@dataclass(frozen=True)
-class Speculation:
-    """``chain``: ``draft_length`` tokens; ``tree``: EAGLE-2 dynamic tree (top_k, depth, total draft tokens)."""
+class _Round:
+    """What a mode's round writes, from its ``nodes`` (draft nodes verified) — shared by :class:`Chain` and :class:`Tree`."""
 
-    mode: str = "chain"
-    draft_length: int = 5
-    top_k: int = 10
-    depth: int = 7
-    total: int = 60
-
-    @property
-    def draft_tokens(self) -> int:
-        """Tokens verified after the root each round: what the caches must hold beyond the answer."""
-        return self.draft_length if self.mode == "chain" else self.total
-
-    @property
-    def max_depth(self) -> int:
-        return self.draft_length if self.mode == "chain" else self.depth
-
-    @property
-    def nodes(self) -> int:
-        """Draft nodes a round verifies (a tree's may be fewer than ``total``)."""
-        return self.draft_length if self.mode == "chain" else tree_size(self.top_k, self.depth, self.total)
+    nodes: int
 
     @property
     def target_writes(self) -> int:
         """Target cache slots a round writes past the committed ones: the root and every node."""
         return self.nodes + 1
 
+
+@dataclass(frozen=True)
+class Chain(_Round):
+    """``chain:K``: ``draft_length`` drafts, each the child of the one before. Its draft tokens (what the caches hold
+    beyond the answer), its depth and its nodes are all K; a round writes 2K drafter slots (K + 1 states, then K − 1
+    drafts after the valid ones)."""
+
+    draft_length: int = 5
+    mode: ClassVar[str] = "chain"
+
+    draft_tokens = max_depth = nodes = property(lambda self: self.draft_length)
+    drafter_writes = property(lambda self: 2 * self.draft_length)
+
+    def label(self) -> str:
+        return f"chain:{self.draft_length}"
+
+
+@dataclass(frozen=True)
+class Tree(_Round):
+    """``tree:TOTAL,DEPTH,TOPK``: an EAGLE-2 dynamic tree of ``total`` draft tokens at most (what the caches hold
+    beyond the answer), ``depth`` deep, ``top_k`` children a node."""
+
+    total: int = 60
+    depth: int = 7
+    top_k: int = 10
+    mode: ClassVar[str] = "tree"
+
+    @property
+    def draft_tokens(self) -> int:
+        return self.total
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+    @property
+    def nodes(self) -> int:
+        """Draft nodes a round verifies (fewer than ``total`` when there are fewer proposals)."""
+        return tree_size(self.top_k, self.depth, self.total)
+
     @property
     def drafter_writes(self) -> int:
-        """Drafter cache slots a round writes past the committed ones: a chain commits k + 1 states, then k − 1
-        drafts after the valid ones; a tree commits depth + 1 states, then (depth − 1)·top_k speculative entries."""
-        if self.mode == "chain":
-            return 2 * self.draft_length
+        """Drafter cache slots a round writes past the committed ones: depth + 1 states, then (depth − 1)·top_k
+        speculative entries."""
         return self.depth + 1 + (self.depth - 1) * self.top_k
 
     def label(self) -> str:
-        return f"chain:{self.draft_length}" if self.mode == "chain" else f"tree:{self.total},{self.depth},{self.top_k}"
+        return f"tree:{self.total},{self.depth},{self.top_k}"
+
+
+Speculation = Chain | Tree  # what a speculative decoder drafts each round: one of the two, nothing of the other's
 
 
 class ModeError(EyasError):
@@ -84,13 +107,13 @@ def parse_mode(text: str) -> Speculation:
     try:
         numbers = [int(x) for x in args.split(",")] if args else []
         if kind == "chain" and len(numbers) == 1 and numbers[0] >= 1:
-            return Speculation("chain", draft_length=numbers[0])
+            return Chain(numbers[0])
         if kind == "tree" and len(numbers) == 3 and all(n >= 1 for n in numbers):
             total, depth, top_k = numbers
             if depth > total:  # the best TOTAL nodes hold their ancestors: no path is deeper than TOTAL
                 raise ModeError(text, f"DEPTH {depth} is more than TOTAL {total}, and a tree of {total} nodes is at "
                                       f"most {total} deep: use DEPTH ≤ TOTAL")
-            return Speculation("tree", total=total, depth=depth, top_k=top_k)
+            return Tree(total=total, depth=depth, top_k=top_k)
     except ValueError:
         pass
     raise ModeError(text, f"must be {MODE_SPELLING}")

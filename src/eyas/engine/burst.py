@@ -40,6 +40,7 @@ class Burst:
         self.accepted = torch.zeros(2 * self.max_rounds, dtype=torch.long, device=device)
         self.uniforms = torch.zeros(2 * self.max_rounds, round.uniforms_per_round, device=device)  # a row a round
         self.sampling = Sampling()
+        self.decoder = None  # the round's proposer and judge under self.sampling (start chooses them)
         self.generator: torch.Generator | None = None
         self._region_starts = torch.tensor([[0, 0], [self._region, self.max_rounds]], device=device)
         readback = 2 + self.max_rounds + self._region  # both lengths, the acceptance counts, the tokens
@@ -69,6 +70,7 @@ class Burst:
         self.sampling, self.generator = (sampling or Sampling()).resolved(self.round.mode), generator
         if not self.sampling.greedy and generator is None:
             raise ValueError("sampled rounds need a generator for their uniforms")
+        self.decoder = self.round.decoder(self.sampling)  # the rule's proposer and judge, made once
         self.round.ensure_recorded((self._name(), self._replay))
         self._queued.clear()
         self._next = 0
@@ -119,10 +121,8 @@ class Burst:
     def _replay(self) -> None:
         """One round, then its outcome written to this burst's half of the output buffers."""
         state = self.round.state
-        if self.sampling.greedy:
-            new, accepted, emitted = self.round.greedy()
-        else:
-            new, accepted, emitted = self.round.sampled(self.sampling, self.uniforms.index_select(0, state.round_index)[0])
+        uniforms = None if self.sampling.greedy else self.uniforms.index_select(0, state.round_index)[0]
+        new, accepted, emitted = self.round.run(self.decoder, uniforms)
         at = state.out_at if self.round.width == 1 else state.out_at + self.round.steps
         self.out.index_copy_(0, at, new)
         if self.round.drafter is not None:  # plain rounds accept nothing: their counts stay 0

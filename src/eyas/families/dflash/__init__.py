@@ -90,10 +90,10 @@ class DFlash(Family):
         return BlockDraftRunner(drafter, weight, layout.lm_head, capacity + max(block, drafter_spare(modes)))
 
     def default_modes(self, config: dict) -> list | None:
-        from eyas.speculation import Speculation
+        from eyas.speculation import Chain
 
         block = int(config.get("block_size", 0))  # its whole block as one chain: a block drafter drafts no trees
-        return [Speculation("chain", draft_length=block - 1)] if block else None
+        return [Chain(block - 1)] if block else None
 
     def vllm_chains(self, config: dict, modes: list) -> tuple[list[tuple[str, int, str | None]], list[str]]:
         block = int(config.get("block_size", 0))  # one forward proposes block − 1 tokens: the block fixes the round
