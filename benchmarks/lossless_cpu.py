@@ -48,7 +48,7 @@ def main() -> None:
     for name, tensor in random_state.items():
         if name != "embed_tokens.weight":  # the target's embedding stays: only the drafter's own weights are random
             tensor.normal_(0, 0.02) if tensor.dim() > 1 else tensor.fill_(1.0)
-    from eyas.engine.draft_runner import DraftRunner
+    from eyas.families.eagle3.runner import DraftRunner
 
     random_drafter = type(trained.drafter)(trained.drafter.config, d2t=trained.drafter.d2t.cpu())
     random_drafter.load_state_dict(random_state)

@@ -37,7 +37,7 @@ import torch
 from eyas.data.benchmarks import holdout_prompts, load_prompts
 from eyas.engine.decode import generate
 from eyas.speculation import Chain
-from eyas.engine.draft_runner import DraftRunner
+from eyas.families.eagle3.runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
 from eyas.families.eagle3.export import draft_config, draft_tensors
 from eyas.export.files import write_draft_dir

@@ -4,7 +4,7 @@
 and fills a growing cache. ``step`` then chains: its hidden is the previous pre-norm output, its token the
 previous draft (as a target id), at the next position, attending to everything cached plus itself.
 The training-time test (:mod:`eyas.families.eagle3.ttt`) must give exactly these logits, and the engine's drafter
-(:mod:`eyas.engine.draft_runner`) must draft these tokens: tests pin both to this reference.
+(:mod:`eyas.families.eagle3.runner`) must draft these tokens: tests pin both to this reference.
 """
 
 from __future__ import annotations

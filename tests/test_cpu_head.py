@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from eyas.engine.cpu_head import packed_head, vocab_head
-from eyas.engine.draft_runner import DraftRunner
+from eyas.families.eagle3.runner import DraftRunner
 from eyas.engine.target_runner import TargetRunner
 from eyas.target.layout import discover_layout
 from test_drafter_consistency import random_drafter, tiny_config

@@ -82,7 +82,7 @@ def test_the_engine_drafts_what_training_trains():
     """The engine's drafter — a prompt's states committed eagerly, then each round's accepted states committed
     in a fixed-width pass with only the first ``valid`` counting — drafts the tokens that greedy_chain
     (pinned to the training-time test above) drafts from the whole prefix."""
-    from eyas.engine.draft_runner import DraftRunner
+    from eyas.families.eagle3.runner import DraftRunner
     from eyas.engine.drafting import draft_chain
 
     config = tiny_config()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from eyas.engine.decode import round_for
-from eyas.engine.draft_runner import DraftRunner
+from eyas.families.eagle3.runner import DraftRunner
 from eyas.engine.graphs import compiled
 from eyas.engine.target_runner import TargetRunner
 from eyas.speculation import Sampling, Tree

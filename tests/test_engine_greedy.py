@@ -14,7 +14,7 @@ import eyas.engine.burst as burst_module
 from eyas.engine.burst import Burst
 from eyas.engine.decode import generate, round_for
 from eyas.speculation import Chain, Tree
-from eyas.engine.draft_runner import DraftRunner
+from eyas.families.eagle3.runner import DraftRunner
 from eyas.engine.proposers import GreedyChain
 from eyas.engine.round import Draft, Round
 from eyas.engine.target_runner import TargetRunner

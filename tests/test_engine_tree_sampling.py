@@ -218,7 +218,7 @@ def test_drawn_drafts_through_the_engine_follow_the_target(mode, verification, m
     pinned to 0.6 / 0.4 on the two tokens the target likes best among those the draft vocabulary holds, so the first
     draft is accepted and rejected often, by each rule. A tree draws its children without replacement in its static
     shape (eyas.engine.drawn_tree): the root's second child is the other of the two."""
-    from eyas.engine.draft_runner import DraftRunner
+    from eyas.families.eagle3.runner import DraftRunner
 
     model = ARCHITECTURES["llama"][0]()
     target, drafter = runners(model, capacity=64)

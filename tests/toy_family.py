@@ -195,7 +195,7 @@ class Toy(Family):
 
         from eyas.engine.modes import drafter_spare
         from eyas.errors import EyasError
-        from eyas.export.fit import read_draft_config
+        from eyas.export.files import read_draft_config
 
         _, _, ToyHead, ToyRunner = _modules()
         config = read_draft_config(draft_dir)

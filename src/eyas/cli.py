@@ -92,7 +92,7 @@ _stage_command("export")
 
 @command(app, CheckOptions)
 def check(options: CheckOptions) -> None:
-    """Validate a drafter directory against the EAGLE-3 contract both engines load; exit 1 on errors."""
+    """Validate a drafter directory against the contract its engines load (its family's); exit 1 on errors."""
     from eyas.export.check import check_for_target
 
     result = check_for_target(options.draft_dir, options.target)

@@ -27,7 +27,6 @@ import torch
 from eyas.data.benchmarks import Prompt
 from eyas.engine.acceptance import Sampling
 from eyas.engine.decode import Generation, generate, warm_up
-from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.modes import Speculation
 from eyas.engine.target_runner import TargetRunner
 from eyas.errors import EyasError
@@ -137,7 +136,7 @@ def decoders(modes: list[Speculation], samplings: list[Sampling]) -> list[tuple[
     return chosen
 
 
-def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt], modes: list[Speculation],
+def run_bench(target: TargetRunner, drafter, prompts: list[Prompt], modes: list[Speculation],
               samplings: list[Sampling], max_new_tokens: int, stop_ids: set[int], progress=None,
               repeats: int = 1) -> BenchResult:
     """Decode every prompt plainly and in every mode under every rule of ``samplings`` (:func:`decoders`: at each of
@@ -189,7 +188,7 @@ def run_bench(target: TargetRunner, drafter: DraftRunner, prompts: list[Prompt],
     return BenchResult(datasets=datasets, settings=settings, partial=partial, stopped_by=stopped_by)
 
 
-def _decode_in_turns(target: TargetRunner, drafter: DraftRunner, prompt: Prompt,
+def _decode_in_turns(target: TargetRunner, drafter, prompt: Prompt,
                      chosen: list[tuple[str, Speculation | None, Sampling]], max_new_tokens: int, stop_ids: set[int],
                      repeats: int):
     """One prompt decoded by every decoder (plain ones: mode None), ``repeats`` turns: (the last turn's outputs, each

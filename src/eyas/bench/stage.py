@@ -89,7 +89,7 @@ def bench_modes(options: BenchOptions) -> list:
     drafter: its whole block as one chain)."""
     from eyas import families
     from eyas.engine.modes import parse_modes
-    from eyas.export.fit import read_draft_config
+    from eyas.export.files import read_draft_config
 
     if options.draft is not None and options.modes == BenchOptions.__dataclass_fields__["modes"].default:
         config = read_draft_config(Path(options.draft))

@@ -20,7 +20,7 @@ from eyas.data.benchmarks import Prompt
 from eyas.engine.acceptance import Sampling
 from eyas.engine.modes import Speculation
 from eyas.errors import EyasError
-from eyas.export.fit import read_draft_config
+from eyas.export.files import read_draft_config
 from eyas.target.loading import resolve_target
 
 WORKER = Path(__file__).with_name("vllm_worker.py")

@@ -19,7 +19,6 @@ import torch
 
 from eyas.engine.acceptance import Sampling, draw, target_probs
 from eyas.engine.burst import Burst
-from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.modes import Speculation
 from eyas.engine.round import Round
 from eyas.engine.target_runner import TargetRunner
@@ -80,11 +79,11 @@ class _Output:
 
 
 @torch.no_grad()
-def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, drafter: DraftRunner | None = None,
+def generate(target: TargetRunner, prompt: torch.Tensor, max_new_tokens: int, drafter=None,
              speculation: Speculation | None = None, sampling: Sampling | None = None,
              stop_ids: Iterable[int] = (), on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
-    """Generate after ``prompt`` [1, P]; with a drafter and a :class:`Speculation`, speculatively.
-    ``on_tokens`` sees every batch of emitted tokens as it is decided (for streaming)."""
+    """Generate after ``prompt`` [1, P]; with a drafter (its family's runner) and a :class:`Speculation`,
+    speculatively. ``on_tokens`` sees every batch of emitted tokens as it is decided (for streaming)."""
     sampling = sampling or Sampling()
     generator = torch.Generator(target.device).manual_seed(sampling.seed)  # every uniform: one seed, one output
     speculating = drafter is not None and speculation is not None
@@ -155,7 +154,7 @@ def _rounds(burst: Burst, output: _Output, sampling: Sampling, generator: torch.
                 return
 
 
-def round_for(target: TargetRunner, drafter: DraftRunner | None, speculation: Speculation | None) -> tuple[Round, Burst]:
+def round_for(target: TargetRunner, drafter, speculation: Speculation | None) -> tuple[Round, Burst]:
     """The pair's round for ``speculation`` (None: plain decoding) and its burst, made once: their recordings read
     and write these instances' buffers, so every later generation must use the same instances."""
     key = (None if drafter is None else id(drafter), None if speculation is None else speculation.label())

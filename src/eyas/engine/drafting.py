@@ -15,12 +15,15 @@ device: no host synchronisation anywhere, so a round can be recorded as one CUDA
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
-from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.modes import tree_size
 from eyas.engine.topk import largest
+
+if TYPE_CHECKING:  # the runner of drafters that draft one token a pass (EAGLE-3's)
+    from eyas.families.eagle3.runner import DraftRunner
 
 
 def draft_chain(drafter: DraftRunner, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,

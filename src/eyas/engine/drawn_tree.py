@@ -24,14 +24,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from eyas.engine.draft_runner import DraftRunner
 from eyas.engine.drafting import ancestor_mask
 from eyas.engine.modes import tree_size
 from eyas.engine.topk import largest
+
+if TYPE_CHECKING:  # the runner of drafters that draft one token a pass (EAGLE-3's)
+    from eyas.families.eagle3.runner import DraftRunner
+
 
 FIRST_DRAW_ACCEPTED = 0.5  # the shape's prior α: the chance the first child drawn at a node is accepted
 

@@ -1,1 +1,1 @@
-"""Export drafters for SGLang and vLLM, check any EAGLE-3 drafter directory, import third-party ones."""
+"""Export a trained drafter in its family's format, check any drafter directory, decide whether one fits a target."""

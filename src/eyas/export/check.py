@@ -12,7 +12,8 @@ from pathlib import Path
 
 from eyas import families
 from eyas.errors import EyasError
-from eyas.export.fit import TargetSizes, read_draft_config
+from eyas.export.files import read_draft_config
+from eyas.export.fit import TargetSizes
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 from eyas.errors import EyasError
-from eyas.manifest import MANIFEST, REMEDIES, file_problem, output_problems, read_stage_manifest
+from eyas.manifest import MANIFEST, REMEDIES, file_problem, output_problems, read_json_object, read_stage_manifest
 
 _DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64",
                 torch.int32: "I32", torch.bool: "BOOL"}
@@ -208,3 +208,11 @@ def edited_since_export(directory: Path) -> list[str]:
     others = [r for r in manifest.get("outputs") or [] if not r["file"].endswith((".safetensors", ".bin"))]
     return [f"{problem}: edited after eyas export wrote it? The checks judge it as it is now"
             for problem in output_problems(directory, {"outputs": others})]
+
+
+def read_draft_config(directory: Path) -> dict:
+    """A drafter directory's config.json as a dict, or one line saying why it cannot be read."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise EyasError(f"{path} is missing: a drafter directory holds config.json and model.safetensors")
+    return read_json_object(path, "replace it with the drafter's intact config")

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.families.eagle3.contract import flat_config, layer_ids_of
-from eyas.manifest import read_json_object
 from eyas.target.layer_ids import LayerIdError, resolve_layer_ids, validate_layer_ids
 
 
@@ -35,8 +33,15 @@ class TargetSizes:
         return cls(text.model_type, int(text.num_hidden_layers), int(text.hidden_size), int(getattr(text, "vocab_size", 0)))
 
 
+def layer_ids_of(config: dict) -> list[int] | None:
+    """The layer ids a drafter config names, as vLLM reads them (top level, else eagle_config's); None: engine defaults."""
+    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return config.get("eagle_aux_hidden_state_layer_ids") or nested
+
+
 def fit_problems(config: dict, target: TargetSizes) -> list[str]:
-    """Why a drafter ``config`` (config.json, flattened to the HF EAGLE-3 shape) cannot serve ``target``; [] when it fits."""
+    """Why a drafter ``config`` (config.json as its family's :meth:`~eyas.families.Family.fit_config` reads it: the
+    width of the states it reads, its vocabulary, its layer ids) cannot serve ``target``; [] when it fits."""
     problems = []
     width = config.get("target_hidden_size") or config.get("hidden_size")
     if isinstance(width, int) and width != target.hidden_size:
@@ -62,7 +67,8 @@ def require_fit(draft_dir: Path | None, target_spec: str, trust_remote_code: boo
     of this shape, or one line naming the directory and what to do (nothing to check without a drafter)."""
     if draft_dir is None:
         return
-    from eyas.export.files import integrity_problems
+    from eyas import families
+    from eyas.export.files import integrity_problems, read_draft_config
     from eyas.target.loading import load_target_config
 
     draft_dir = Path(draft_dir)
@@ -70,16 +76,9 @@ def require_fit(draft_dir: Path | None, target_spec: str, trust_remote_code: boo
     if damaged:
         more = f" (and {len(damaged) - 1} more; eyas check {draft_dir} lists them)" if len(damaged) > 1 else ""
         raise EyasError(f"{damaged[0]}{more}")
-    config = flat_config(read_draft_config(draft_dir))
+    raw = read_draft_config(draft_dir)
+    config = families.of_config(raw).fit_config(raw)
     problems = fit_problems(config, TargetSizes.of(load_target_config(target_spec, trust_remote_code)[0]))
     if problems:
         raise EyasError(f"{draft_dir / 'config.json'}: the drafter was made for another target than {target_spec!r}: "
                         f"{'; '.join(problems)}; use a drafter trained for this target (eyas train --target {target_spec})")
-
-
-def read_draft_config(directory: Path) -> dict:
-    """A drafter directory's config.json as a dict, or one line saying why it cannot be read."""
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise EyasError(f"{path} is missing: a drafter directory holds config.json and model.safetensors")
-    return read_json_object(path, "replace it with the drafter's intact config")

@@ -102,6 +102,11 @@ class Family:
         """Whether a DRAFT_DIR's ``config.json`` is this family's."""
         raise NotImplementedError
 
+    def fit_config(self, config: dict) -> dict:
+        """config.json as :func:`eyas.export.fit.fit_problems` reads it (the width of the target states the drafter
+        reads, ``target_hidden_size`` else ``hidden_size``; ``vocab_size``; its layer ids): as written, by default."""
+        return config
+
     def export(self, recorded: dict, weights: dict, fmt: str, dtype: str, train_options: dict, report: dict,
                target: dict, out: Path) -> tuple[dict, dict, str]:
         """RUN_DIR's drafter (``recorded``: its drafter_config.json; ``weights``: final/model.safetensors' tensors) in
@@ -204,7 +209,7 @@ def of_config(config: dict) -> Family:
 
 def of_draft_dir(draft_dir: Path) -> Family:
     """The family of the DRAFT_DIR ``draft_dir`` (its config.json read; see :func:`of_config`)."""
-    from eyas.export.fit import read_draft_config
+    from eyas.export.files import read_draft_config
 
     return of_config(read_draft_config(Path(draft_dir)))
 

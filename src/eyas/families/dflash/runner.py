@@ -10,7 +10,7 @@ past what the target accepted lie at positions the next block starts at or after
 
 Every number a round passes (positions, the root, the committed length) is a device tensor and attention spans the
 whole cache under a mask built on the device: a round is recorded as one CUDA graph, as EAGLE-3's
-(:mod:`eyas.engine.draft_runner`). A prompt's states are committed eagerly, once per generation.
+(:mod:`eyas.families.eagle3.runner`). A prompt's states are committed eagerly, once per generation.
 
 A block drafter proposes one chain of up to block − 1 tokens a round: :func:`check_block_modes` refuses any other mode.
 """

@@ -6,7 +6,7 @@ Its parts: :mod:`.config` and :mod:`.model` (the drafter's exact layout, DESIGN 
 :mod:`.loss` (the training forward and loss: training equals inference), :mod:`.objective` (a training step),
 :mod:`.evaluate` (the holdout's simulated τ), :mod:`.contract`, :mod:`.export`, :mod:`.speculators`, :mod:`.check`
 and :mod:`.load` (the format SGLang and vLLM load, written, checked and read back), :mod:`.flops` and :mod:`.memory`
-(what a training step costs). The engine's EAGLE-3 runner is :mod:`eyas.engine.draft_runner`.
+(what a training step costs), and :mod:`.runner`, the drafter in eyas' engine over its KV cache.
 """
 
 from __future__ import annotations
@@ -59,6 +59,11 @@ class Eagle3(Family):
     def exported(self, config: dict) -> bool:
         return True  # the default family: anything no other family claims is read as EAGLE-3 (and checked as such)
 
+    def fit_config(self, config: dict) -> dict:
+        from eyas.families.eagle3.contract import flat_config
+
+        return flat_config(config)  # vLLM's speculators format nests the layer's config
+
     def export(self, recorded, weights, fmt, dtype, train_options, report, target, out):
         from eyas.export.card import serve_target
         from eyas.families.eagle3.card import model_card
@@ -80,7 +85,7 @@ class Eagle3(Family):
         check_eagle3(directory, config, target, result)
 
     def runner(self, draft_dir, layout, capacity, modes):
-        from eyas.engine.draft_runner import DraftRunner
+        from eyas.families.eagle3.runner import DraftRunner
         from eyas.engine.modes import check_modes_fit, drafter_spare
         from eyas.families.eagle3.load import load_drafter
 

@@ -6,6 +6,8 @@ it, ``eyas check`` validates against it, the importer reads by it.
 
 from __future__ import annotations
 
+from eyas.export.fit import layer_ids_of
+
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # the only Llama EAGLE-3 name SGLang resolves; vLLM maps it too
 FLOAT_DTYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
 LAYER_TENSORS = (
@@ -51,12 +53,6 @@ def expected_shapes(config: dict) -> dict[str, list[int]]:
     if hidden != target_hidden:
         shapes["embed_tokens.weight"] = [vocab, hidden]
     return shapes
-
-
-def layer_ids_of(config: dict) -> list[int] | None:
-    """The layer ids a drafter config names, as vLLM reads them (top level, else eagle_config's); None: engine defaults."""
-    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    return config.get("eagle_aux_hidden_state_layer_ids") or nested
 
 
 def flat_config(config: dict) -> dict:

@@ -8,9 +8,10 @@ import torch
 
 from eyas.families.eagle3.config import DrafterConfig, drafter_rope
 from eyas.errors import EyasError
-from eyas.families.eagle3.contract import flat_config, layer_ids_of
+from eyas.export.fit import layer_ids_of
+from eyas.families.eagle3.contract import flat_config
 from eyas.export.files import read_tensors
-from eyas.export.fit import read_draft_config
+from eyas.export.files import read_draft_config
 from eyas.target.layer_ids import resolve_layer_ids
 
 # Variants of the EAGLE-3 layer that eyas' drafter does not compute: importing them would measure
