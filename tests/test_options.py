@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 import json
 import subprocess
 import sys
@@ -73,9 +74,9 @@ def _non_stage_classes() -> list[type]:
 def test_every_options_class_read_with_only_its_required_flags_equals_its_own_defaults(cls):
     fields = [f for f in dataclasses.fields(cls)
               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    args, values = [], {}
+    args, values, hints = [], {}, typing.get_type_hints(cls)
     for f in fields:  # a required value of the field's type, spelled as the command line takes it
-        value = ["a.jsonl"] if f.type == "list[str]" else Path("p") if f.type == "Path" else "v"
+        value = ["a.jsonl"] if hints[f.name] == list[str] else Path("p") if hints[f.name] is Path else "v"
         values[f.name] = value
         text = str(value[0] if isinstance(value, list) else value)
         args += [text] if f.metadata["positional"] else [f.metadata["flag"] or "--" + f.name.replace("_", "-"), text]

@@ -116,6 +116,15 @@ def option(default: Any = MISSING, help: str = "", *, flag: str | None = None, p
     return field(default=default, metadata=metadata)
 
 
+def copied_field(f: dataclasses.Field, help_prefix: str = "") -> Any:
+    """A new field declared as ``f`` is (its default or factory, help, flag and check), for a dataclass composed of
+    others' fields (``eyas train``'s: the shared options and every drafter family's); ``help_prefix`` leads its help."""
+    metadata = {**f.metadata, "help": help_prefix + f.metadata.get("help", "")}
+    if f.default_factory is not MISSING:
+        return field(default_factory=f.default_factory, metadata=metadata)
+    return field(default=f.default, metadata=metadata) if f.default is not MISSING else field(metadata=metadata)
+
+
 def remote_code() -> Any:
     """The ``trust_remote_code`` field every command that loads a target has."""
     return option(False, "allow (and run) Python code shipped with the target (transformers' trust_remote_code): only "

@@ -224,6 +224,8 @@ def options_fields() -> list[tuple[str, Any, dataclasses.Field]]:
     name; an option two families share must be declared alike (same type and default)."""
     import typing
 
+    from eyas.options import copied_field
+
     merged: dict[str, tuple[str, Any, dataclasses.Field, str]] = {}
     for family in families():
         if family.options is None:
@@ -236,9 +238,5 @@ def options_fields() -> list[tuple[str, Any, dataclasses.Field]]:
                     raise EyasError(f"drafter families {seen[3]} and {family.name} both declare option {f.name}, "
                                     "differently: rename one")
                 continue
-            meta = dict(f.metadata)
-            meta["help"] = f"{family.name}: {meta.get('help', '')}"
-            copy = dataclasses.field(default=f.default, metadata=meta) if f.default is not dataclasses.MISSING else \
-                dataclasses.field(default_factory=f.default_factory, metadata=meta)
-            merged[f.name] = (f.name, hints[f.name], copy, family.name)
+            merged[f.name] = (f.name, hints[f.name], copied_field(f, f"{family.name}: "), family.name)
     return [(name, kind, f) for name, kind, f, _ in merged.values()]

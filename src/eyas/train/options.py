@@ -5,11 +5,24 @@ flat set of flags, one train_options.json."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
 from eyas import families
-from eyas.options import SEED, Options, above, at_least, each, force_option, one_of, option, remote_code, within
+from eyas.options import (
+    SEED,
+    Options,
+    above,
+    at_least,
+    copied_field,
+    each,
+    force_option,
+    one_of,
+    option,
+    remote_code,
+    within,
+)
 
 
 @dataclass
@@ -54,8 +67,11 @@ class CommonTrainOptions(Options):
     trust_remote_code: bool = remote_code()
 
 
+# The shared options first (the flags' order in --help), then every family's.
 TrainOptions = dataclasses.make_dataclass(
-    "TrainOptions", families.options_fields(), bases=(CommonTrainOptions,),
+    "TrainOptions", [(f.name, kind, copied_field(f)) for f, kind in (
+        (f, typing.get_type_hints(CommonTrainOptions)[f.name]) for f in dataclasses.fields(CommonTrainOptions))]
+    + families.options_fields(), bases=(Options,),
     namespace={"__doc__": CommonTrainOptions.__doc__, "__module__": __name__})
 
 
