@@ -121,8 +121,9 @@ class Family:
     # ---------------------------------------------------------------- eyas bench / eyas generate
     def runner(self, draft_dir: Path, layout, capacity: int, modes: list) -> Any:
         """The engine's drafter runner for ``draft_dir`` beside a target of ``layout`` (its embedding, lm_head and
-        layer count; the drafter takes the embedding's device and dtype), with a cache of ``capacity`` positions past
-        the target's, for ``modes`` (refused in one line when it cannot decode one). It has ``layer_ids``: the taps."""
+        layer count; the drafter takes the embedding's device and dtype) whose cache holds ``capacity`` positions — the
+        runner's holds more, what its rounds write beyond the target's (:func:`eyas.engine.modes.drafter_spare`) — for
+        ``modes`` (refused in one line when it cannot decode one). It has ``layer_ids``: the taps it reads."""
         raise NotImplementedError
 
     def default_modes(self, config: dict) -> list | None:
