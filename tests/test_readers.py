@@ -111,3 +111,23 @@ def test_cli_reports_bad_data_without_a_traceback(tmp_path):
     result = CliRunner().invoke(app, ["prepare", "--target", "demo", "--data", str(tmp_path / "data.csv"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
     assert "not a data file eyas reads" in result.output and "Traceback" not in result.output
+
+
+def test_a_record_nested_too_deep_is_skipped_and_counted_like_other_bad_lines(tmp_path):
+    """A line of 100,000 nested arrays is no conversation: Python's JSON reader runs out of recursion on it, which must
+    not stop the whole read (a JSONL line is skipped; inside an array it ends the file's records, as a broken record
+    does; a lone top-level object is refused in one line)."""
+    deep = '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    lines = tmp_path / "deep.jsonl"
+    lines.write_text(json.dumps(SHAREGPT) + "\n" + deep + "\n" + json.dumps(SHAREGPT | {"id": "a2"}) + "\n")
+    conversations, skips = records(lines)
+    assert [c.id for c in conversations] == ["a1", "a2"]
+    assert [(s.origin, s.reason) for s in skips] == [(f"{lines}:2", "invalid JSON")] and "deeper" in skips[0].detail
+    array = tmp_path / "deep.json"
+    array.write_text("[" + json.dumps(SHAREGPT) + ", " + deep + "]")
+    conversations, skips = records(array)
+    assert [c.id for c in conversations] == ["a1"] and "deeper" in skips[0].detail
+    single = tmp_path / "single.json"
+    single.write_text(deep)
+    with pytest.raises(DataSourceError, match="deeper"):
+        records(single)

@@ -69,17 +69,23 @@ def _read_file(path: Path, tag: str) -> Iterator[Conversation | Skip]:
             yield normalize_record(row, origin=origin, fallback_id=f"{tag}:{position}")
 
 
+TOO_DEEP = "nested deeper than a JSON reader goes (thousands of levels): not a conversation"
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict | Skip]]:
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
             try:
-                yield number, json.loads(raw)
+                row = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
                 if number == 1 and _looks_binary(raw):
                     raise DataSourceError(f"{path} is not JSON Lines (line 1 is not text): {err}") from None
-                yield number, Skip(f"{path}:{number}", "invalid JSON", str(err))
+                row = Skip(f"{path}:{number}", "invalid JSON", str(err))
+            except RecursionError:
+                row = Skip(f"{path}:{number}", "invalid JSON", TOO_DEEP)
+            yield number, row
 
 
 def _json_rows(path: Path) -> Iterator[tuple[int, dict | Skip]]:
@@ -92,9 +98,12 @@ def _json_rows(path: Path) -> Iterator[tuple[int, dict | Skip]]:
     pos = _skip_ws(text, 0)
     if pos < len(text) and text[pos] == "{":
         try:
-            yield 1, decoder.raw_decode(text, pos)[0]
+            row = decoder.raw_decode(text, pos)[0]
         except json.JSONDecodeError as err:
             raise DataSourceError(f"{path} is not valid JSON: {err}") from None
+        except RecursionError:
+            raise DataSourceError(f"{path}: {TOO_DEEP}") from None
+        yield 1, row
         return
     if pos >= len(text) or text[pos] != "[":
         raise DataSourceError(f"{path} is not a JSON array or object (starts with {text[pos:pos + 20]!r})")
@@ -106,9 +115,10 @@ def _json_rows(path: Path) -> Iterator[tuple[int, dict | Skip]]:
         counted_to = pos
         try:
             row, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, RecursionError) as err:
             # Cannot resynchronise inside a broken array: report and stop with what was read.
-            yield line, Skip(f"{path}:{line}", "invalid JSON", f"record {index}: {err.msg}; the rest of the file is unreadable")
+            why = err.msg if isinstance(err, json.JSONDecodeError) else TOO_DEEP
+            yield line, Skip(f"{path}:{line}", "invalid JSON", f"record {index}: {why}; the rest of the file is unreadable")
             return
         yield line, row
         pos = _skip_ws(text, pos)
