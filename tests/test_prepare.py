@@ -128,6 +128,10 @@ def test_limit_and_prompt_only_records_need_regeneration(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["prepare", "--target", "demo", "--data", str(prompts), "--out", str(tmp_path / "q")])
     assert result.exit_code == 2 and "prompt-only data needs --regenerate" in result.output
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(EyasError, match=f"0 records read in {empty} — no records at all"):  # names the file
+        prepare(PrepareOptions(target="demo", data=[str(empty)], out=tmp_path / "e"))
 
 
 @pytest.fixture(scope="module")

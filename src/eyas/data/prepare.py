@@ -92,7 +92,7 @@ def prepare(options: PrepareOptions) -> PrepareStats:
     train, holdout = _split(samples, options.holdout)
     stats.train_samples, stats.holdout_samples = len(train), len(holdout)
     if not train:
-        raise EyasError(_nothing_left(stats))
+        raise EyasError(_nothing_left(stats, options.data))
 
     vocab_size = max(_target_vocab_size(config), len(tokenizer))
     counts = count_masked_tokens(((s.input_ids, s.loss_mask) for s in train), vocab_size)
@@ -152,14 +152,15 @@ def _read_all(options: PrepareOptions, stats: PrepareStats) -> list[Conversation
     return kept
 
 
-def _nothing_left(stats: PrepareStats) -> str:
+def _nothing_left(stats: PrepareStats, sources: list[str]) -> str:
     reasons = {**{f"skipped, {k}": v for k, v in stats.skipped.items()}, **{f"dropped, {k}": v for k, v in stats.dropped.items()}}
     if stats.duplicates:
         reasons["duplicates"] = stats.duplicates
     listed = "; ".join(f"{k.split(', ', 1)[1]}: {v}" for k, v in reasons.items()) or "no records at all"
     hint = " (prompt-only data needs --regenerate)" if stats.skipped.get("prompt-only record") else ""
     examples = "".join(f"\n  {e}" for e in stats.skip_examples[:5])
-    return f"no training samples left from {stats.records_read} records read — {listed}{hint}{examples}"
+    read = f"{stats.records_read} records read in {', '.join(sources)}"
+    return f"no training samples left from {read} — {listed}{hint}{examples}"
 
 
 def _trainable_as_is(conversation: Conversation) -> Conversation | Skip:
