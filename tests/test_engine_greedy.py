@@ -13,7 +13,7 @@ import torch
 import eyas.engine.burst as burst_module
 from eyas.engine.burst import Burst
 from eyas.engine.decode import generate, round_for
-from eyas.speculation import Chain, Tree
+from eyas.speculation import Chain, Sampling, Tree
 from eyas.families.eagle3.runner import DraftRunner
 from eyas.engine.proposers import GreedyChain
 from eyas.engine.round import Draft, Round
@@ -299,7 +299,7 @@ def test_bursts_emit_what_rounds_run_one_by_one_emit(monkeypatch, speculation):
     tokens, accepted = [int(logits.argmax())], []
     while len(tokens) < 60:
         with torch.no_grad():
-            new, count, _ = decoding_round.greedy()
+            new, count, _ = decoding_round.run(decoding_round.decoder(Sampling()))
         accepted.append(int(count))
         tokens += new[: int(count) + 1].tolist()
     for result in results.values():

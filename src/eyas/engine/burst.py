@@ -1,8 +1,7 @@
 """Rounds in bursts: many rounds replayed on the device, one read-back.
 
-A greedy round (:meth:`eyas.engine.round.Round.greedy`) reads and writes only device tensors, and so does a
-sampled one (:meth:`eyas.engine.round.Round.sampled`) given its row of uniforms, which the burst draws for all its
-rounds before queueing them (one kernel, from the generation's seeded generator on the device). A burst of R
+A greedy round (:meth:`eyas.engine.round.Round.run` with the greedy decoder) reads and writes only device tensors, and
+so does a sampled one given its row of uniforms, which the burst draws for all its rounds before queueing them (one kernel, from the generation's seeded generator on the device). A burst of R
 rounds is R replays of one recorded function and one read-back of what they emitted. Output and τ equal
 round-by-round decoding token for token: the host replays the burst's rounds from their recorded acceptance
 counts and stops where a stop token or the limit falls. A burst may run past a stop token (wasted work,

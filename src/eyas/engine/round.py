@@ -227,10 +227,6 @@ class Round:
         new, emitted = self.commit(draft, verdict)
         return new, verdict.accepted, emitted
 
-    def greedy(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A whole greedy round (:meth:`run` with the greedy decoder)."""
-        return self.run(self.decoder(Sampling()))
-
     # ------------------------------------------------------------------ bookkeeping
 
     def rounds_that_fit(self, wanted: int, queued: int = 0) -> int:
