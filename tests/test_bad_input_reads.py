@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -20,17 +19,6 @@ from eyas.train.options import TrainOptions
 from eyas.train.trainer import train
 
 STORE = dict(dtype="fp32", token_budget=200, max_batch=4, shard_mb=0)  # one shard per batch: several shards
-
-
-def save_llama(directory: Path, seed: int = 0, **sizes) -> str:
-    """A tiny random Llama saved as an HF directory: the zoo's config unless ``sizes`` change it."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = dict(hidden_size=zoo.HIDDEN, intermediate_size=128, num_hidden_layers=zoo.LAYERS, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=zoo.VOCAB, max_position_embeddings=256, pad_token_id=0)
-    LlamaForCausalLM(LlamaConfig(**{**config, **sizes})).float().save_pretrained(directory)
-    return str(directory)
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +36,10 @@ def pipeline(tmp_path_factory) -> dict:
     export_run(root / "run", root / "draft", dtype="fp32")
     return {"root": root, "target": target, "data": data, "features": features, "run": root / "run",
             "draft": root / "draft",
-            "twin": save_llama(root / "twin", seed=1),  # the same config.json, other weights
-            "wider": save_llama(root / "wider", hidden_size=96, num_attention_heads=4, num_key_value_heads=2),
-            "other_vocab": save_llama(root / "other-vocab", vocab_size=320),
-            "shallow": save_llama(root / "shallow", num_hidden_layers=3)}
+            "twin": zoo.save_llama(root / "twin", seed=1),  # the same config.json, other weights
+            "wider": zoo.save_llama(root / "wider", hidden_size=96, num_attention_heads=4, num_key_value_heads=2),
+            "other_vocab": zoo.save_llama(root / "other-vocab", vocab_size=320),
+            "shallow": zoo.save_llama(root / "shallow", num_hidden_layers=3)}
 
 
 def run(*args: str):

@@ -193,6 +193,18 @@ def save_tiny_target(directory) -> str:
     return str(directory)
 
 
+def save_llama(directory, seed: int = 0, **sizes) -> str:
+    """A tiny random Llama saved as an HF directory: :func:`llama`'s sizes (max_position_embeddings 256) unless
+    ``sizes`` change them; ``seed`` picks its weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = dict(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0)
+    LlamaForCausalLM(LlamaConfig(**{**config, **sizes})).float().save_pretrained(directory)
+    return str(directory)
+
+
 def save_chat_target(directory, num_hidden_layers: int = LAYERS):
     """A random Llama with the demo target's vocabulary and tokenizer (chat template included), saved as
     an HF directory: a real target for prepare, regeneration and whole runs, fast to execute."""

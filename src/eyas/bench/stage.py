@@ -19,6 +19,7 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     from eyas.bench.report import MARKERS, write_report
     from eyas.bench.run import BenchResult, decoders, run_bench
     from eyas.data.benchmarks import load_prompts
+    from eyas.data.fits_target import require_data_fits
     from eyas.data.render import read_chat_template
     from eyas.engine.loading import load_engine, load_target_for
     from eyas.engine.modes import target_capacity
@@ -38,6 +39,8 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     if options.data is not None:
         verify_stage_dir(options.data, "prepare")
     facts = target_facts(options.target, *load_target_config(options.target, options.trust_remote_code))
+    if options.data is not None:
+        require_data_fits(options.data, options.target, options.trust_remote_code)
     inputs = [target_input(facts)]
     if options.draft is not None:
         inputs.append(input_record("draft", options.draft))

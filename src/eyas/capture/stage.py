@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eyas.capture.options import CaptureOptions
+from eyas.data.fits_target import require_data_fits
 from eyas.data.samples import batch_inputs, read_samples
 from eyas.data.vocab import VOCAB_FILE
 from eyas.distributed import barrier, init_distributed
@@ -29,9 +30,9 @@ from eyas.store.async_writer import ShardWriterPool
 from eyas.store.plan import ShardPlan, plan_shards
 from eyas.store.shards import DTYPES, ShardRecord, StoreManifest, bytes_per_token, pack_states, shard_name, write_shard
 from eyas.target.facts import target_facts, target_input
+from eyas.target.fingerprint import weights_fingerprint
 from eyas.target.layer_ids import resolve_layer_ids
 from eyas.target.loading import load_target_config
-from eyas.target.weights import weights_sha256
 
 SHARDS = "*-[0-9][0-9][0-9][0-9][0-9].safetensors"  # shard_name's files
 MARKERS = ("manifest.rank*.json", SHARDS, ".vllm")  # what a capture writes before its manifest.json
@@ -138,11 +139,12 @@ def _load_inputs(options: CaptureOptions) -> _Inputs:
     """Read the target's config (and its weights' checksum) and DATA_DIR's samples, and describe the store they make."""
     config, source = load_target_config(options.target, options.trust_remote_code)
     target = target_facts(options.target, config, source)
-    target["weights_sha256"] = weights_sha256(options.target, options.trust_remote_code)  # training compares it
+    target.update(weights_fingerprint(options.target, options.trust_remote_code))  # training compares them
     num_layers, hidden = target["num_layers"], target["hidden_size"]
     layer_ids = resolve_layer_ids(options.layer_ids, num_layers)
     data_dir = Path(options.data)
     samples = _load_samples(data_dir, options.splits)
+    require_data_fits(data_dir, options.target, options.trust_remote_code)
     manifest = StoreManifest(
         **manifest_fields("capture", options, [input_record("data", data_dir), target_input(target)]),
         target=target,

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from eyas.data.conversation import Conversation, Skip
+from eyas.data.fits_target import tokenizer_sha256, tokenizer_vocab_sha256
 from eyas.data.options import PrepareOptions
 from eyas.data.readers import read_source
 from eyas.data.regenerate_workers import regenerate_in_dir
@@ -107,7 +108,8 @@ def prepare(options: PrepareOptions) -> PrepareStats:
         write_samples(holdout, out / FILES["holdout"])
         save_vocab(vocab, out / FILES["vocab"])
         stats.seconds = time.perf_counter() - started
-        write_json_atomic(out / MANIFEST, _manifest(options, fingerprint, stats, vocab_size, len(vocab.d2t), inputs))
+        write_json_atomic(out / MANIFEST, _manifest(options, fingerprint, stats, vocab_size, len(vocab.d2t), inputs,
+                                                        tokenizer_vocab_sha256(tokenizer)))
     return stats
 
 
@@ -267,11 +269,9 @@ def _target_vocab_size(config) -> int:
 
 
 def _fingerprint(options: PrepareOptions, tokenizer, template: str) -> dict:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    vocab_text = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
     return {
         "sources": list(options.data),
-        "tokenizer_sha256": hashlib.sha256(vocab_text.encode()).hexdigest(),
+        "tokenizer_sha256": tokenizer_sha256(tokenizer),
         "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
         "options": {
             "max_length": options.max_length,
@@ -286,7 +286,7 @@ def _fingerprint(options: PrepareOptions, tokenizer, template: str) -> dict:
 
 
 def _manifest(options: PrepareOptions, fingerprint: dict, stats: PrepareStats, vocab_size: int, draft_vocab: int,
-              inputs: list[dict]) -> dict:
+              inputs: list[dict], vocab_sha256: str) -> dict:
     stats_dict = asdict(stats)
     stats_dict["skipped"] = dict(stats.skipped)
     stats_dict["dropped"] = dict(stats.dropped)
@@ -296,6 +296,7 @@ def _manifest(options: PrepareOptions, fingerprint: dict, stats: PrepareStats, v
         "fingerprint": fingerprint,
         "sources": fingerprint["sources"],
         "tokenizer_sha256": fingerprint["tokenizer_sha256"],
+        "tokenizer_vocab_sha256": vocab_sha256,  # what later stages compare with their target's (eyas.data.fits_target)
         "chat_template_sha256": fingerprint["chat_template_sha256"],
         "vocab_size": vocab_size,
         "draft_vocab_size": draft_vocab,

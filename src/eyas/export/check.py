@@ -13,7 +13,7 @@ from pathlib import Path
 from eyas import families
 from eyas.errors import EyasError
 from eyas.export.files import read_draft_config
-from eyas.export.fit import TargetSizes
+from eyas.export.fit import TargetSizes, weights_warning
 
 
 @dataclass
@@ -49,6 +49,10 @@ def check_for_target(directory: Path, target: str | None, trust_remote_code: boo
         return check_draft_dir(directory)
     from eyas.target.loading import load_target_config
 
-    return check_draft_dir(directory, TargetSizes.of(load_target_config(target, trust_remote_code)[0]))
+    result = check_draft_dir(directory, TargetSizes.of(load_target_config(target, trust_remote_code)[0]))
+    if result.ok:
+        other_weights = weights_warning(directory, target, trust_remote_code)
+        result.warnings += [other_weights] if other_weights is not None else []
+    return result
 
 

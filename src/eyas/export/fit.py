@@ -8,6 +8,7 @@ taps layers the target has. A drafter made for another target fails here in one 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,3 +83,30 @@ def require_fit(draft_dir: Path | None, target_spec: str, trust_remote_code: boo
     if problems:
         raise EyasError(f"{draft_dir / 'config.json'}: the drafter was made for another target than {target_spec!r}: "
                         f"{'; '.join(problems)}; use a drafter trained for this target (eyas train --target {target_spec})")
+    other_weights = weights_warning(draft_dir, target_spec, trust_remote_code)
+    if other_weights is not None:
+        print(f"warning: {other_weights}", file=sys.stderr, flush=True)
+
+
+def weights_warning(draft_dir: Path, target_spec: str, trust_remote_code: bool = False) -> str | None:
+    """When the DRAFT_DIR's manifest records the weights of the target the drafter was trained against
+    (:mod:`eyas.target.fingerprint`) and ``target_spec``'s differ — a sibling of the same shape: a fine-tune, the base
+    model of an instruct target — what to say: it decodes losslessly, but it drafts for another model's answers.
+    None when they agree or either side cannot tell (a drafter eyas did not export, a target that is not safetensors)."""
+    from eyas.manifest import read_manifest
+    from eyas.target.facts import target_mismatch
+    from eyas.target.fingerprint import FINGERPRINTS, weights_fingerprint
+
+    try:
+        recorded = (read_manifest(draft_dir) or {}).get("target") or {}
+    except (OSError, ValueError):
+        return None  # a damaged manifest is the integrity check's to report
+    if not isinstance(recorded, dict) or not recorded.get("weights_sha256"):
+        return None
+    live = weights_fingerprint(target_spec, trust_remote_code)
+    mismatch = target_mismatch({key: recorded.get(key) for key in FINGERPRINTS}, live)
+    if mismatch is None:
+        return None
+    return (f"{Path(draft_dir) / 'manifest.json'}: the drafter was trained against {recorded.get('spec')!r}, whose "
+            f"weights are not --target {target_spec!r}'s ({mismatch}); decoding stays lossless but may accept fewer "
+            f"tokens: train a drafter for this target (eyas train --target {target_spec}) for full speed")

@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 from eyas.manifest import input_record
+from eyas.target.fingerprint import sample_mismatch
 from eyas.target.layout import text_config
 
 
@@ -36,7 +37,8 @@ SIZES = ("num_layers", "hidden_size", "vocab_size")
 def target_mismatch(recorded: dict, live: dict, identity: bool = True) -> str | None:
     """How target ``live`` differs from the one ``recorded`` (both target facts), or None when it is that target: sizes
     first; then, with ``identity``, the weights (``weights_sha256``, when both sides have it: equal weights are the same
-    target wherever it lies and whichever transformers wrote its config), else the config's SHA-256."""
+    target wherever it lies and whichever transformers wrote its config; and, where both sides sampled every layer,
+    :mod:`eyas.target.fingerprint`'s per-layer digests), else the config's SHA-256."""
     for key in SIZES:  # a size recorded as 0 or missing is unknown, not different
         if recorded.get(key) and live.get(key) and recorded[key] != live[key]:
             return f"{key.replace('_', ' ')} {recorded[key]} there, {live.get(key)} here"
@@ -45,6 +47,9 @@ def target_mismatch(recorded: dict, live: dict, identity: bool = True) -> str | 
     if recorded.get("weights_sha256") and live.get("weights_sha256"):
         if recorded["weights_sha256"] != live["weights_sha256"]:
             return "same sizes but other weights: the embedding, lm_head or final norm differ"
+        inside = sample_mismatch(recorded.get("weights_sample"), live.get("weights_sample"))
+        if inside is not None:
+            return f"same sizes and embedding but other weights in {inside} (a fine-tune, or a merged adapter)"
         return None
     if recorded.get("config_sha256") and recorded["config_sha256"] != live.get("config_sha256"):
         return "same sizes but another config.json"

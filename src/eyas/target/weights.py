@@ -74,6 +74,17 @@ def weights_sha256(target_source: str, trust_remote_code: bool = False) -> str |
     return digest.hexdigest()
 
 
+def checkpoint_files(target_source: str, trust_remote_code: bool = False) -> list[Path] | None:
+    """The safetensors files of the target's checkpoint (every shard the index names, or model.safetensors); None when
+    the checkpoint is not safetensors."""
+    _, source = load_target_config(target_source, trust_remote_code)
+    try:
+        names = sorted(set(_checkpoint_keys(source).values()))
+    except EyasError:
+        return None
+    return [_checkpoint_file(source, name) for name in names]
+
+
 def checkpoint_tensors(source: str, wanted: dict[str, str]) -> dict[str, torch.Tensor]:
     """Read the tensors named ``wanted`` (local name → module path) from the safetensors checkpoint."""
     from safetensors import safe_open

@@ -51,14 +51,15 @@ def data_input(options: TrainOptions) -> dict:
 
 def target_identity(options: TrainOptions) -> dict:
     """The target as the run's record identifies it: its facts (sizes, config SHA-256) and, unless ``--no-verify``, the
-    fingerprint of its embedding, lm_head and final norm; read from the checkpoint without loading the model."""
+    fingerprints of its weights (:mod:`eyas.target.fingerprint`); read from the checkpoint without loading the model."""
     from eyas.target.facts import target_facts
+    from eyas.target.fingerprint import FINGERPRINTS, weights_fingerprint
     from eyas.target.loading import load_target_config
-    from eyas.target.weights import weights_sha256
 
     config, source = load_target_config(options.target, options.trust_remote_code)
-    weights = weights_sha256(options.target, options.trust_remote_code) if options.verify else None
-    return {**target_facts(options.target, config, source), "weights_sha256": weights}
+    weights = weights_fingerprint(options.target, options.trust_remote_code) if options.verify else \
+        dict.fromkeys(FINGERPRINTS)
+    return {**target_facts(options.target, config, source), **weights}
 
 
 def resume_changes(record: dict, options: TrainOptions, step: int, out: Path, target: dict, world: int = 1) -> dict:

@@ -46,7 +46,9 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
     """Data sources, teacher (target lm_head rows), draft vocabulary, the drafter, and what RUN_DIR records: the target
     facts (with the layer ids) and the inputs. ``loaded``: online, the target already in memory (an
     :class:`eyas.target.Target` of ``options.target``'s config) instead of loading it. ``identity``: the target's
-    :func:`eyas.train.resume.target_identity`, when the caller has it (its weights fingerprint is not read again)."""
+    :func:`eyas.train.resume.target_identity`, when the caller has it (its weights fingerprint is not read again). The
+    facts RUN_DIR records (and export copies into the DRAFT_DIR's manifest) carry the weights' fingerprints, so that
+    a store and a drafter can be checked against the target they are handed."""
     from eyas.data.vocab import VOCAB_FILE
     from eyas.target.facts import target_facts, target_input
     from eyas.target.layer_ids import resolve_layer_ids
@@ -54,14 +56,16 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
 
     dtype = torch.float32  # master weights and batch states; autocast handles bf16 on GPU
     config, target_source = load_target_config(options.target, options.trust_remote_code)
-    facts = target_facts(options.target, config, target_source)
+    facts = {**target_facts(options.target, config, target_source), **_weights_identity(options, identity)}
     if trains_online(options.online, options.features, options.data):
         if options.data is None:
             raise EyasError("--online trains from DATA_DIR: give --data DATA_DIR")
+        from eyas.data.fits_target import require_data_fits
         from eyas.manifest import verify_stage_dir
         from eyas.target import load_target
 
         verify_stage_dir(options.data, "prepare")
+        require_data_fits(options.data, options.target, options.trust_remote_code)
         target = loaded or load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
         layer_ids = resolve_layer_ids(options.layer_ids, target.layout.num_layers)
         data_dir = Path(options.data)
@@ -76,12 +80,10 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
             raise EyasError("give --features FEATURES_DIR (offline) or --data DATA_DIR --online")
         from eyas.store.reader import FeatureStore
         from eyas.store.verify import verify_for_training
-        from eyas.target.weights import head_and_embedding, weights_sha256
+        from eyas.target.weights import head_and_embedding
 
         store = FeatureStore(options.features, "train")
-        weights = identity["weights_sha256"] if identity is not None else \
-            weights_sha256(options.target, options.trust_remote_code) if options.verify else None
-        verify_for_training(options.features, store.manifest, {**facts, "weights_sha256": weights}, options.verify)
+        verify_for_training(options.features, store.manifest, facts, options.verify)
         layer_ids = tuple(store.manifest.layer_ids)
         vocab_path = store.vocab_path()
         source = OfflineSource(options.features, "train", options.token_budget, device, dtype)
@@ -101,3 +103,15 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
     family = families.named(options.drafter, "--drafter")
     built = family.build(BuildInputs(config, tuple(layer_ids), options, head, embed, vocab_path, device, teacher_dtype))
     return TrainingSetup(**shared, drafter=built.drafter, draft_ids=built.draft_ids, embed=built.embed, family=family)
+
+
+def _weights_identity(options: TrainOptions, identity: dict | None) -> dict:
+    """The target's weight fingerprints (:mod:`eyas.target.fingerprint`): the caller's, else read now unless
+    ``--no-verify``."""
+    from eyas.target.fingerprint import FINGERPRINTS, weights_fingerprint
+
+    if identity is not None:
+        return {key: identity.get(key) for key in FINGERPRINTS}
+    if not options.verify:
+        return dict.fromkeys(FINGERPRINTS)
+    return weights_fingerprint(options.target, options.trust_remote_code)
