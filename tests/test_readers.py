@@ -131,3 +131,17 @@ def test_a_record_nested_too_deep_is_skipped_and_counted_like_other_bad_lines(tm
     single.write_text(deep)
     with pytest.raises(DataSourceError, match="deeper"):
         records(single)
+
+
+def test_text_utf8_cannot_encode_is_skipped_and_counted_not_a_traceback(tmp_path):
+    """JSON's ``\\ud800`` escape spells a lone surrogate, which Python reads into a str that UTF-8 cannot encode: the
+    tokenizer and the manifest could not take it, so the record is a counted skip — whether in a turn or in the id —
+    and prepare goes on with the others."""
+    lines = tmp_path / "surrogates.jsonl"
+    turn = '{"id": "s1", "conversations": [{"from": "human", "value": "a\\ud800b"}, {"from": "gpt", "value": "c"}]}'
+    ident = '{"id": "\\udfff", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}'
+    lines.write_text(json.dumps(SHAREGPT) + "\n" + turn + "\n" + ident + "\n")
+    conversations, skips = records(lines)
+    assert [c.id for c in conversations] == ["a1"]
+    assert [(s.origin, s.reason) for s in skips] == [(f"{lines}:2", "invalid text"), (f"{lines}:3", "invalid text")]
+    assert skips[0].detail.startswith("turn 1: surrogates not allowed") and skips[1].detail.startswith("its id")

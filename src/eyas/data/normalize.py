@@ -37,6 +37,23 @@ _PROMPT_FIELDS = ("prompt", "instruction", "question", "turns")
 
 def normalize_record(row, origin: str, fallback_id: str):
     """Return a Conversation, or a Skip naming ``origin`` and the reason."""
+    found = _normalize(row, origin, fallback_id)
+    return found if isinstance(found, Skip) else _encodable(found, origin)
+
+
+def _encodable(conversation: Conversation, origin: str):
+    """The conversation, or a Skip when its id or a turn holds what UTF-8 cannot encode (a lone surrogate, which JSON's
+    ``\\ud800`` escapes can spell): the tokenizer and the manifest could not take it."""
+    for number, text in enumerate([conversation.id, *(turn.content for turn in conversation.turns)]):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            where = "its id" if number == 0 else f"turn {number}"
+            return Skip(origin, "invalid text", f"{where}: {err.reason} at character {err.start}")
+    return conversation
+
+
+def _normalize(row, origin: str, fallback_id: str):
     if not isinstance(row, dict):
         return Skip(origin, "not an object", f"got {type(row).__name__}")
     sample_id = str(row["id"]) if isinstance(row.get("id"), (str, int)) and str(row.get("id")) else fallback_id
