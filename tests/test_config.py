@@ -61,6 +61,16 @@ def test_config_mistakes_name_the_file_and_the_key(tmp_path, text, overrides, me
         load_config(path, overrides)
 
 
+def test_a_config_that_is_not_utf8_text_or_is_a_directory_is_one_line(tmp_path):
+    (tmp_path / "binary.toml").write_bytes(b"\xff\xfe\x00t")
+    (tmp_path / "folder.toml").mkdir()
+    for name, says in (("binary.toml", "is not UTF-8 text (byte 0"), ("folder.toml", "is a directory")):
+        result = CliRunner().invoke(app, ["run", str(tmp_path / name)])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and says in errors[0] and str(tmp_path / name) in errors[0], result.output
+
+
 def test_the_large_moe_example_is_what_inspect_reads():
     """examples/kimi-k2.5 holds the published config structure; inspect finds the text stack and the ids."""
     from eyas.target.describe import describe_target
