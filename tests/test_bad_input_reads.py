@@ -161,6 +161,27 @@ def test_train_refuses_a_features_dir_whose_manifest_is_not_a_stores(pipeline, t
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("layer_ids", "x", "layer_ids 'x' are not increasing layer ids of a 8-layer target"),
+    ("layer_ids", [1, 2, 99], "layer_ids [1, 2, 99] are not increasing layer ids"),  # trained without a word before
+    ("target", None, "target, data and options must be JSON objects"),
+    ("options", [], "target, data and options must be JSON objects"),
+    ("dtype", "fp7", "dtype 'fp7' is none of bf16, fp32"),
+    ("shards", "bytes", "has bytes of the wrong kind"),
+])
+def test_a_store_manifest_with_a_field_of_the_wrong_kind_is_one_line(pipeline, tmp_path, field, value, says):
+    features = copy(pipeline, "features", tmp_path)
+    recorded = json.loads((features / "manifest.json").read_text())
+    if field == "shards":
+        recorded["shards"][0]["bytes"] = "big"
+    else:
+        recorded[field] = value
+    (features / "manifest.json").write_text(json.dumps(recorded))
+    result = run(*train_args(pipeline["target"], features, tmp_path / "run"))
+    error_line(result, features / "manifest.json", says, "rerun the eyas capture command")
+    assert result.exit_code == 2 and not (tmp_path / "run").exists()
+
+
 # 2. eyas check DRAFT_DIR: damaged weights, with and without eyas' manifest; --target of another shape
 
 

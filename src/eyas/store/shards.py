@@ -87,11 +87,37 @@ class StoreManifest:
     @classmethod
     def read(cls, directory: Path) -> StoreManifest:
         """FEATURES_DIR's manifest.json, or an error naming it and what to do (missing, damaged, not a store's)."""
+        damaged = "the FEATURES_DIR is damaged; rerun the eyas capture command that made it"
         try:
-            return cls.from_dict(read_stage_manifest(directory, "capture"))
+            manifest = cls.from_dict(read_stage_manifest(directory, "capture"))
         except (TypeError, KeyError, AttributeError) as err:  # fields missing or of the wrong kind
             raise EyasError(f"{Path(directory) / MANIFEST} lacks what a store's manifest holds ({type(err).__name__}: "
-                            f"{err}): the FEATURES_DIR is damaged; rerun the eyas capture command that made it") from None
+                            f"{err}): {damaged}") from None
+        problem = manifest.shape_problem()
+        if problem is not None:
+            raise EyasError(f"{Path(directory) / MANIFEST}: {problem}: {damaged}")
+        return manifest
+
+    def shape_problem(self) -> str | None:
+        """What in the manifest is of the wrong kind (a field every reader trusts: the target's facts, the layer ids,
+        the dtype, the options, each shard's record), or None."""
+        if not isinstance(self.target, dict) or not isinstance(self.data, dict) or not isinstance(self.options, dict):
+            return "target, data and options must be JSON objects"
+        layers = self.target.get("num_layers")
+        ids = self.layer_ids
+        if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids) or ids != sorted(set(ids)) \
+                or ids[0] < 0 or (type(layers) is int and ids[-1] > layers):
+            return f"layer_ids {ids!r} are not increasing layer ids of a {layers}-layer target"
+        if self.dtype not in DTYPES:
+            return f"dtype {self.dtype!r} is none of {', '.join(DTYPES)}"
+        if not isinstance(self.options.get("splits", []), list):
+            return f"options.splits {self.options.get('splits')!r} is not a list"
+        kinds = {"file": str, "split": str, "index": int, "sample_ids": list, "tokens": int, "bytes": int, "sha256": str}
+        for shard in self.shards:
+            wrong = [name for name, kind in kinds.items() if not isinstance(getattr(shard, name), kind)]
+            if wrong:
+                return f"the record of shard {shard.file!r} has {', '.join(wrong)} of the wrong kind"
+        return None
 
     @classmethod
     def from_dict(cls, data: dict) -> StoreManifest:
