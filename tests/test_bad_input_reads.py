@@ -350,6 +350,22 @@ def test_capture_refuses_a_changed_or_foreign_data_dir(pipeline, tmp_path):
     assert not (tmp_path / "features").exists()
 
 
+@pytest.mark.parametrize(("damage", "says"), [
+    (lambda outputs: "x", "its outputs are not a list of file records"),
+    (lambda outputs: [{"file": 5}], 'the output record {"file": 5} is damaged'),
+    (lambda outputs: [{**outputs[0], "bytes": "x"}], "is damaged"),
+    (lambda outputs: [{**outputs[0], "file": "../../elsewhere"}], "is damaged"),  # never read outside DATA_DIR
+], ids=["not-a-list", "file-a-number", "bytes-a-string", "outside"])
+def test_capture_refuses_a_data_dir_whose_output_records_are_damaged(pipeline, tmp_path, damage, says):
+    data = copy(pipeline, "data", tmp_path)
+    recorded = json.loads((data / "manifest.json").read_text())
+    recorded["outputs"] = damage(recorded["outputs"])
+    (data / "manifest.json").write_text(json.dumps(recorded))
+    result = run("capture", "--target", pipeline["target"], "--data", data, "--out", tmp_path / "features")
+    error_line(result, data / "manifest.json", says, "rerun the eyas prepare command")
+    assert result.exit_code == 2 and not (tmp_path / "features").exists()
+
+
 def test_export_refuses_a_run_whose_final_weights_changed(pipeline, tmp_path):
     run_dir = copy(pipeline, "run", tmp_path)
     flip_byte(run_dir / "final" / "model.safetensors", at=-5)

@@ -127,12 +127,26 @@ def output_problems(directory: Path, manifest: dict, digest: bool = True) -> lis
     """``"PATH: problem"`` for each output file ``manifest`` records that is missing or changed (none in a manifest of
     an older eyas, which records no outputs)."""
     directory = Path(directory)
+    records = manifest.get("outputs") or []
+    if not isinstance(records, list):
+        return [f"{directory / MANIFEST}: its outputs are not a list of file records"]
     problems = []
-    for record in manifest.get("outputs") or []:
+    for record in records:
+        if not _is_output_record(record):
+            problems.append(f"{directory / MANIFEST}: the output record {json.dumps(record)[:80]} is damaged")
+            continue
         problem = file_problem(directory / record["file"], record["bytes"], record.get("sha256"), digest)
         if problem is not None:
             problems.append(f"{directory / record['file']}: {problem}")
     return problems
+
+
+def _is_output_record(record) -> bool:
+    """An output record as :func:`output_record` writes it: a file name inside the directory, its bytes, a SHA-256."""
+    if not isinstance(record, dict) or not isinstance(record.get("file"), str) or type(record.get("bytes")) is not int:
+        return False
+    name = Path(record["file"])
+    return not name.is_absolute() and ".." not in name.parts and isinstance(record.get("sha256"), (str, type(None)))
 
 
 def verify_stage_dir(directory: Path, stage: str, digest: bool = True) -> dict:

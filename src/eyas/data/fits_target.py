@@ -55,8 +55,8 @@ def require_data_fits(data_dir: Path, target_spec: str, trust_remote_code: bool 
                             f"{remedy}")
     other = _tokenizer_differs(manifest, source, trust_remote_code)
     if other is not None:
-        raise EyasError(f"{data_dir / MANIFEST}: the DATA_DIR was tokenized by another tokenizer than target "
-                        f"{target_spec!r}'s{made_for} ({other}): its token ids would read as other text; {remedy}")
+        raise EyasError(f"{data_dir / MANIFEST}: the DATA_DIR was tokenized by another tokenizer than the one of "
+                        f"target {target_spec!r}{made_for} ({other}): its token ids would read as other text; {remedy}")
 
 
 def _first_id_outside(path: Path, vocab: int) -> tuple[str, int] | None:
