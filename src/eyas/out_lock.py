@@ -24,10 +24,10 @@ import json
 import os
 import socket
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from eyas.outputs import OutputError
+from eyas.outputs import OutputError, no_empty_leftover
 
 _held: set[str] = set()  # the absolute output paths whose locks this process holds
 
@@ -47,7 +47,7 @@ def _lock_file(key: str) -> Path:
 def writer_lock(out: Path, stage: str, option: str = "--out") -> Iterator[None]:
     """Hold the lock of ``out`` for ``stage`` while the block runs; refuse (:class:`OutputError`) when another process
     holds it. A process under torchrun other than RANK 0 does not lock (it does not write the directory's files)."""
-    if os.environ.get("RANK", "0") != "0":
+    if not _leads():
         yield
         return
     key = _key(out)
@@ -79,17 +79,23 @@ def writer_lock(out: Path, stage: str, option: str = "--out") -> Iterator[None]:
 
 def one_writer(stage: str, out_of: Callable[..., Path | str | None]):
     """Decorate a stage's run function so that it runs under :func:`writer_lock` of the output directory
-    ``out_of(*args, **kwargs)`` gives (None: the stage writes nothing, no lock)."""
+    ``out_of(*args, **kwargs)`` gives (None: the stage writes nothing, no lock), and, failing, leaves no empty directory
+    there (:func:`eyas.outputs.no_empty_leftover`: the lock's holder tidies, while it still holds it)."""
     def decorate(run):
         @functools.wraps(run)
         def locked(*args, **kwargs):
             out = out_of(*args, **kwargs)
             if out is None:
                 return run(*args, **kwargs)
-            with writer_lock(Path(out), stage):
+            with writer_lock(Path(out), stage), no_empty_leftover(Path(out)) if _leads() else nullcontext():
                 return run(*args, **kwargs)
         return locked
     return decorate
+
+
+def _leads() -> bool:
+    """Whether this process writes the output directory: not a torchrun process other than RANK 0."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _key(out: Path) -> str:

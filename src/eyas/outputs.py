@@ -11,7 +11,8 @@ other data: anything but this stage's own output (its ``manifest.json``, or whil
 What a stage does with its own output stays the stage's (skip it, resume it, redo it), except one rule, also here:
 output made from other inputs or settings is replaced only with ``--force`` (:func:`refuse_other_inputs`).
 :func:`check_space` compares the stage's estimate of what it will write with the free space, and :func:`writing`
-turns an OSError while writing (a full disk) into one line saying what is intact and what to do.
+turns an OSError while writing (a full disk) into one line saying what is intact and what to do. A stage that fails
+leaves no empty directory it made or emptied (:func:`no_empty_leftover`, applied with the writer lock).
 """
 
 from __future__ import annotations
@@ -136,6 +137,24 @@ def writing(path: Path, advice: str) -> Iterator[None]:
         raise OutputError(f"could not write {path}: {_reason(err)}; {advice}") from err
 
 
+@contextmanager
+def no_empty_leftover(out: Path) -> Iterator[None]:
+    """A stage that fails leaves no empty directory at ``out``: not one it made (nor the parents it made for it), nor
+    one it emptied (what ``--force`` removed before the new output could be written). Only folders that hold no file
+    at all are removed: an empty directory the user made stays (without the empty folders the stage made in it), and
+    anything holding a file stays whole (the finished shards or checkpoints a rerun resumes from)."""
+    out = Path(os.path.abspath(out))
+    made = [d for d in (out, *out.parents) if not d.exists()]  # innermost first
+    empty = not made and _holds_no_file(out)  # the user's empty directory: left as it was, its own folders too
+    kept = {Path(root) / folder for root, folders, _ in os.walk(out) for folder in folders} if empty else set()
+    try:
+        yield
+    except BaseException:
+        if out.exists() and _holds_no_file(out):
+            _remove_empty_tree(out, None if empty else made[1:], kept)
+        raise
+
+
 def human_bytes(count: float) -> str:
     """``1536`` → ``1.5 KiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -151,6 +170,44 @@ def _nearest_existing(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
+
+
+def _holds_no_file(directory: Path) -> bool:
+    """Whether ``directory`` is a real directory (no link) with nothing in it but folders, themselves empty so."""
+    if directory.is_symlink() or not directory.is_dir():
+        return False
+    try:
+        for root, folders, files in os.walk(directory, onerror=_raise):
+            if files or any(os.path.islink(os.path.join(root, folder)) for folder in folders):
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def _remove_empty_tree(out: Path, parents: list[Path] | None, kept: set[Path]) -> None:
+    """Remove the folders in ``out``, a tree of empty ones, but ``kept``; then (unless ``parents`` is None: keep
+    ``out``) ``out`` and each of ``parents``, innermost first, while empty. What cannot be removed stays: a failure
+    here must not hide the stage's own."""
+    for root, folders, _ in os.walk(out, topdown=False):
+        for folder in folders:
+            if Path(root) / folder not in kept:
+                _rmdir(Path(root) / folder)
+    for directory in (out, *parents) if parents is not None else ():
+        if not _rmdir(directory):
+            return
+
+
+def _rmdir(directory: Path) -> bool:
+    try:
+        directory.rmdir()
+    except OSError:
+        return False
+    return True
 
 
 def _probe(directory: Path, out: Path, option: str) -> None:

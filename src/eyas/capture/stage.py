@@ -127,9 +127,10 @@ def _check_request(options: CaptureOptions) -> None:
     if options.dtype not in DTYPES:
         raise EyasError(f"--dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
     if options.engine == "vllm":
-        from eyas.capture.vllm_client import engine_request
+        from eyas.capture.vllm_client import check_vllm_python, engine_request, resolve_vllm_python
 
         engine_request(options)  # a --vllm-arg eyas must refuse is refused before anything is written
+        check_vllm_python(resolve_vllm_python(options.vllm_python))  # so is a vLLM that is not there
     elif options.vllm_settings_given():
         raise EyasError(f"--{options.vllm_settings_given()[0].replace('_', '-')} is a vLLM engine setting: add "
                         "--engine vllm, or leave it out")
@@ -300,9 +301,13 @@ def _state_source(options: CaptureOptions, inputs: _Inputs, work: _Work, device,
 
 
 def _write(stage_out: StageOut, path: Path, packs: list) -> tuple[int, str]:
-    """Write one shard (on a writer thread); a full disk ends the capture with one line, the finished shards kept."""
-    with stage_out.writing("the shards finished before it are kept: free space, then rerun the same command to resume",
-                           path):
+    """Write one shard (on a writer thread); a full disk ends the capture with one line, the finished shards kept.
+    Under --force the store --out held is gone by then (removed first: the new one may need its space), and the same
+    command would start over: the line says so, and to resume without --force."""
+    advice = ("with --force the store --out held before (if any) was removed first; the shards this run finished are "
+              "kept: free space, then rerun without --force to resume" if stage_out.force else
+              "the shards finished before it are kept: free space, then rerun the same command to resume")
+    with stage_out.writing(advice, path):
         return write_shard(path, packs)
 
 

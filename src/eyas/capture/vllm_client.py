@@ -15,8 +15,10 @@ huge target is never loaded whole.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -233,8 +235,9 @@ def capture_with_vllm(
 
     ``samples`` are ``(sample_id, input_ids)`` with unique ids; ``engine``: the LLM(...) arguments asked for
     (:func:`engine_request`; the worker fills in the rest). ``workdir`` keeps the requests,
-    the worker's files and its index; a rerun with the same workdir skips what was captured.
-    Raises EyasError (with the worker's log tail) if vLLM fails or returns other tokens.
+    the worker's files and its index; a rerun with the same workdir skips what was captured, and a failure before any
+    sample was captured leaves none of them behind. Raises EyasError (with the worker's log tail) if vLLM fails or
+    returns other tokens.
     """
     python = resolve_vllm_python(vllm_python)
     check_vllm_python(python)
@@ -244,13 +247,17 @@ def capture_with_vllm(
     norm = load_final_norm(source, num_layers)
     workdir = Path(workdir)
     states_dir = workdir / "states"
-    requests = write_requests(samples, workdir / "requests.jsonl")
-    command = [
-        python, str(WORKER), "--model", source, "--requests", str(workdir / "requests.jsonl"),
-        "--layer-ids", ",".join(map(str, tapped)), "--out", str(states_dir), "--engine-args", json.dumps(engine or {}),
-    ]  # fmt: skip
     index = IndexReader(states_dir / "index.jsonl")
-    worker = _Worker(command)
+    try:
+        requests = write_requests(samples, workdir / "requests.jsonl")
+        command = [
+            python, str(WORKER), "--model", source, "--requests", str(workdir / "requests.jsonl"),
+            "--layer-ids", ",".join(map(str, tapped)), "--out", str(states_dir), "--engine-args", json.dumps(engine or {}),
+        ]  # fmt: skip
+        worker = _Worker(command)
+    except BaseException:
+        _discard_if_nothing_captured(workdir, index)
+        raise
     try:
         for sample_id, input_ids in requests:
             entry = _wait_for(sample_id, index, worker)
@@ -267,8 +274,26 @@ def capture_with_vllm(
         worker.returncode()
         if code != 0:
             raise EyasError(f"the vLLM worker exited with status {code} after capturing every sample:\n{worker.log_tail()}")
+    except BaseException:
+        worker.stop()
+        _discard_if_nothing_captured(workdir, index)
+        raise
     finally:
         worker.stop()  # also when the consumer stops early: no vLLM process outlives the generator
+
+
+def _discard_if_nothing_captured(workdir: Path, index: IndexReader) -> None:
+    """After a failure, remove what a run that captured no sample wrote in ``workdir`` (the requests, the worker's
+    folder), and ``workdir`` itself once empty: nothing there to resume from (a vLLM that failed to start, say)."""
+    try:
+        if index.poll():
+            return
+    except (OSError, ValueError):  # an index that cannot be read is left as it is, for the rerun to judge
+        return
+    (workdir / "requests.jsonl").unlink(missing_ok=True)
+    shutil.rmtree(index.path.parent, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        workdir.rmdir()
 
 
 def engine_used(workdir: Path) -> dict | None:

@@ -24,7 +24,7 @@ from eyas.data.fits_target import tokenizer_sha256, tokenizer_vocab_sha256
 from eyas.data.options import PrepareOptions
 from eyas.data.readers import read_source
 from eyas.data.regenerate_workers import regenerate_in_dir
-from eyas.data.render import ChatRenderer, RenderError, read_chat_template
+from eyas.data.render import ChatRenderer, RenderError, read_chat_template, require_chat_template
 from eyas.data.samples import Sample, conversation_of, repeated_id, write_samples
 from eyas.data.vocab import VOCAB_FILE, build_draft_vocab, count_masked_tokens, save_vocab
 from eyas.errors import EyasError
@@ -62,10 +62,11 @@ class PrepareStats:
 def prepare(options: PrepareOptions) -> PrepareStats:
     """Run the prepare stage; returns the statistics (also saved in the manifest)."""
     from eyas.target.facts import target_facts, target_input
-    from eyas.target.loading import load_target_config, load_tokenizer
+    from eyas.target.loading import load_target_config, load_tokenizer, ships_chat_template
 
     _check_options(options)
     template = read_chat_template(options.chat_template)  # a missing file fails before the target is loaded
+    require_chat_template(template, ships_chat_template(options.target))  # a GGUF's header says, before it converts
     started = time.perf_counter()
     out = Path(options.out)
     stage_out = StageOut.claim("prepare", out, options.force, MARKERS)

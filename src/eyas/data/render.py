@@ -40,6 +40,9 @@ class ChatTemplateError(EyasError):
 
 # --------------------------------------------------------------------------- the template, and prompts
 
+NO_TEMPLATE = ("the target's tokenizer has no chat template (a base model?); pass one with --chat-template FILE (a "
+               "Jinja file, e.g. examples/chat-template.jinja)")
+
 
 def read_chat_template(path: Path | None) -> str | None:
     """The text of a ``--chat-template`` FILE (None when none is given); one line naming the file if it is unusable."""
@@ -79,9 +82,16 @@ def chat_template_for(tokenizer, template: str | None) -> str:
                                 "directory with tokenizer files, or a GGUF")
     chosen = template or getattr(tokenizer, "chat_template", None)
     if not chosen:
-        raise ChatTemplateError("the target's tokenizer has no chat template (a base model?); pass one with "
-                                "--chat-template FILE (a Jinja file, e.g. examples/chat-template.jinja)")
+        raise ChatTemplateError(NO_TEMPLATE)
     return chosen
+
+
+def require_chat_template(template: str | None, target_has_one: bool | None) -> None:
+    """Refuse, before the target is loaded, a target known to carry no chat template when no ``--chat-template`` file
+    was given (``template``): ``target_has_one`` is what a GGUF's header says (None: not known before the tokenizer
+    loads, which :func:`chat_template_for` then judges)."""
+    if template is None and target_has_one is False:
+        raise ChatTemplateError(NO_TEMPLATE)
 
 
 def chat_ids(tokenizer, messages: list[dict], template: str, generation_prompt: bool = True) -> list[int]:

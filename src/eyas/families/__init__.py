@@ -74,6 +74,12 @@ class Family:
     shardable: bool = False  # whether `--fsdp` can shard it
 
     # ---------------------------------------------------------------- eyas train
+    def validate(self, options, target_config) -> None:
+        """Refuse, in one line naming the flags and a value that works, ``options`` (``eyas train``'s) with which
+        :meth:`build` could not build a drafter beside a target of HF config ``target_config``. ``eyas train`` asks
+        before it reads the target's weights or writes --out (ranges are the options' own: ``option(check=...)``);
+        :meth:`build` should ask too. By default every value in range builds."""
+
     def build(self, inputs: BuildInputs) -> Built:
         """A new drafter for the target, on ``inputs.device``, seeded by ``inputs.options.seed``."""
         raise NotImplementedError

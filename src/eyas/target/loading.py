@@ -16,6 +16,7 @@ from torch import nn
 
 from eyas.errors import TargetNotFoundError
 from eyas.target.gguf import demo_gguf_path, ensure_hf_dir_from_gguf
+from eyas.target.gguf_header import gguf_config, read_gguf_header
 from eyas.target.layout import discover_layout
 from eyas.target.loaded import Target
 
@@ -82,6 +83,26 @@ def load_target_config(spec: str, trust_remote_code: bool = False):
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code), source
     except (OSError, ValueError) as err:
         raise TargetNotFoundError(_tried(spec, source, err)) from err
+
+
+def read_target_config(spec: str, trust_remote_code: bool = False):
+    """The target's config, reading no weights and converting nothing: a GGUF's (the demo's) from its header
+    (:func:`eyas.target.gguf_header.gguf_config`), any other's as :func:`load_target_config` reads it. For checks that
+    answer before a GGUF's one-time conversion (the demo's takes most of a minute)."""
+    gguf = gguf_file(spec)
+    if gguf is not None:
+        return gguf_config(read_gguf_header(gguf))
+    return load_target_config(spec, trust_remote_code)[0]
+
+
+def ships_chat_template(spec: str) -> bool | None:
+    """Whether a GGUF target (the demo's too) carries a chat template, read from its header without converting it;
+    None for any other target (its tokenizer tells, and loads in moments) and for a GGUF without a tokenizer."""
+    gguf = gguf_file(spec)
+    if gguf is None:
+        return None
+    header = read_gguf_header(gguf)
+    return header.has_chat_template if header.has_tokenizer else None
 
 
 def build_skeleton(config, trust_remote_code: bool = False) -> nn.Module:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from eyas import families
 from eyas.distributed import all_reduce_sum, barrier, init_distributed
 from eyas.errors import EyasError
 from eyas.out_lock import one_writer
@@ -33,7 +34,7 @@ from eyas.train.metrics import Metrics
 from eyas.train.options import TrainOptions
 from eyas.train.resume import new_record, read_run_record, resume_changes, resumed_record, target_identity
 from eyas.train.run_dir import MARKERS as RUN_MARKERS
-from eyas.train.run_dir import clear_run_dir, finish_run_dir, start_run_dir
+from eyas.train.run_dir import OPTIONS_FILE, clear_run_dir, finish_run_dir, start_run_dir
 from eyas.train.setup import TrainingSetup, setup_training, training_autocast
 from eyas.train.stop import StopRequests
 
@@ -146,14 +147,26 @@ def _resume_point(options: TrainOptions, lead: bool) -> _Resume:
                         "to start it over, or use another --out")
     if start_over:  # --force: a new run (the old one's files are removed just before it writes its own)
         latest = None
+    if options.resume and latest is None and lead:
+        print(_nothing_to_resume(out), flush=True)
     at = json.loads((latest / "state.json").read_text())["step"] if latest is not None else 0
     return _Resume(latest, at, read_run_record(out) if latest is not None else None, start_over, stage_out)
+
+
+def _nothing_to_resume(out: Path) -> str:
+    """The note --resume prints when RUN_DIR has no checkpoint: the run starts at step 0. A note, not a refusal: the
+    same command is meant to start a run and continue it (a job queue's resubmissions, torchrun in docs/recipe.md, and
+    eyas run, which always resumes)."""
+    if (out / OPTIONS_FILE).is_file():
+        return f"--resume: {out} holds no checkpoint yet (its run stopped before the first): starting it at step 0"
+    return f"--resume: {out} holds no run to resume (no {OPTIONS_FILE}, no checkpoint): starting a new run"
 
 
 def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int, device: torch.device) -> _Run:
     """The drafter, its data and teacher, the optimizer and schedule, and the run's record (new or resumed), after every
     check that can refuse the run."""
     out = Path(options.out)
+    _check_drafter(options)
     target = target_identity(options)
     changes = resume_changes(resume.recorded, options, resume.at, out, target, world) if resume.recorded is not None else {}
     setup = setup_training(options, device, loaded, target)
@@ -179,6 +192,16 @@ def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int
     record = new_record(options, target, world) if resume.recorded is None else \
         resumed_record(resume.recorded, options, resume.at, changes, resume.at < total_steps, target, world)
     return _Run(options, out, rank, world, device, setup, optimizer, scheduler, total_steps, weights, run_record=record)
+
+
+def _check_drafter(options: TrainOptions) -> None:
+    """Refuse, before the target's weights are read, drafter options its family cannot build beside this target (a
+    width its attention heads do not divide, a token id outside the vocabulary): the family says which
+    (:meth:`eyas.families.Family.validate`), from the target's config alone — a GGUF's header, unconverted."""
+    from eyas.target.loading import read_target_config
+
+    family = families.named(options.drafter, "--drafter")
+    family.validate(options, read_target_config(options.target, options.trust_remote_code))
 
 
 def _restore(run: _Run, resume: _Resume) -> None:

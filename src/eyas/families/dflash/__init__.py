@@ -24,6 +24,15 @@ class DFlash(Family):
     formats = {"dflash": "vLLM's dflash method"}
     shardable = False
 
+    def validate(self, options, target_config) -> None:
+        from eyas.target.layout import text_config
+
+        vocab = int(text_config(target_config).vocab_size)
+        if options.mask_token_id is not None and options.mask_token_id >= vocab:  # (≥ 0: its range)
+            raise EyasError(f"--mask-token-id {options.mask_token_id} is outside the target's vocabulary (0 … "
+                            f"{vocab - 1}): give an id below {vocab}, e.g. --mask-token-id {vocab - 1}, or leave it out "
+                            "(the vocabulary's last id)")
+
     def build(self, inputs: BuildInputs) -> Built:
         import torch
 
@@ -31,11 +40,9 @@ class DFlash(Family):
         from eyas.families.dflash.model import DFlashDrafter
 
         options = inputs.options
+        self.validate(options, inputs.config)
         config = dflash_config_from_target(inputs.config, inputs.layer_ids, options.block_size, options.draft_layers,
                                            options.mask_token_id)
-        if not 0 <= config.mask_token_id < config.vocab_size:
-            raise EyasError(f"--mask-token-id {config.mask_token_id} is outside the target's vocabulary "
-                            f"(0 … {config.vocab_size - 1})")
         torch.manual_seed(options.seed)
         # the target's embedding and lm_head are the block drafter's own input and output
         return Built(DFlashDrafter(config).to(inputs.device), None, inputs.embed.to(inputs.device, inputs.teacher_dtype))

@@ -22,12 +22,18 @@ class Eagle3(Family):
     formats = {"eagle3": "the format SGLang and vLLM both load", "speculators": "vLLM's own EAGLE-3 format"}
     shardable = True
 
+    def validate(self, options, target_config) -> None:
+        from eyas.families.eagle3.config import check_width
+
+        check_width(target_config, options.hidden_size)
+
     def build(self, inputs: BuildInputs) -> Built:
         from eyas.data.vocab import load_vocab
         from eyas.errors import EyasError
         from eyas.families.eagle3.config import drafter_config_from_target
         from eyas.families.eagle3.objective import new_drafter
 
+        self.validate(inputs.options, inputs.config)
         if not inputs.vocab_path.is_file():
             raise EyasError(f"{inputs.vocab_path} is missing: the draft vocabulary comes from eyas prepare's DATA_DIR")
         vocab = load_vocab(inputs.vocab_path)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from eyas.errors import EyasError
+
 
 @dataclass
 class DrafterConfig:
@@ -80,6 +82,42 @@ def drafter_config_from_target(target_config, layer_ids, draft_vocab_size: int, 
     cfg = text_config(target_config)
     target_hidden = int(cfg.hidden_size)
     hidden = int(hidden_size or target_hidden)
+    heads, kv_heads, head_dim = _attention(cfg, hidden)
+    rope = drafter_rope(getattr(cfg, "rope_parameters", None), getattr(cfg, "rope_theta", None) or 10000.0)
+    intermediate = int(getattr(cfg, "intermediate_size", 4 * hidden))
+    return DrafterConfig(
+        hidden_size=hidden, target_hidden_size=target_hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=head_dim, intermediate_size=intermediate if hidden == target_hidden else 4 * hidden,
+        rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)), vocab_size=int(cfg.vocab_size),
+        draft_vocab_size=int(draft_vocab_size), max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 4096)),
+        rope_parameters=rope, layer_ids=[int(i) for i in layer_ids],
+    )
+
+
+def check_width(target_config, hidden_size: int | None) -> None:
+    """Refuse, in one line, a ``--hidden-size`` the drafter's attention cannot take beside this target: its heads
+    (the width over the target's head size, :func:`_attention`) must divide the width (transformers' LlamaConfig
+    refuses it otherwise, in a traceback). A multiple of the head size always builds: the nearest two are named."""
+    if hidden_size is None:  # the target's own width: its own heads
+        return
+    from eyas.target.layout import text_config
+
+    cfg = text_config(target_config)
+    heads, _, head_dim = _attention(cfg, int(hidden_size))
+    if hidden_size % heads == 0:
+        return
+    below = hidden_size // head_dim * head_dim  # ≥ head_dim: a width below one head has one head, which divides it
+    raise EyasError(f"--hidden-size {hidden_size} cannot build an EAGLE-3 drafter for this target: at that width the "
+                    f"drafter keeps the target's head size {head_dim}, so it has {heads} attention heads, which do not "
+                    f"divide {hidden_size}; give a multiple of {head_dim}, e.g. --hidden-size {below} or "
+                    f"{below + head_dim}, or leave it out (the target's width, {int(cfg.hidden_size)})")
+
+
+def _attention(cfg, hidden: int) -> tuple[int, int, int]:
+    """(attention heads, key/value heads, head size) of a drafter ``hidden`` wide beside the target's text config
+    ``cfg``: at the target's width its heads; at another width the target's head size, with as many heads as fit (at
+    least one). Key/value heads: the target's when they divide the heads (never more), else one per head."""
+    target_hidden = int(cfg.hidden_size)
     heads = int(cfg.num_attention_heads)
     # An MLA target (DeepSeek-V3, Kimi-K2.5) reports head_dim = its RoPE part (transformers sets it to
     # qk_rope_head_dim, 64); a drafter head takes the value head's width (128), as SpecForge's Kimi-K2.5 drafter does.
@@ -88,12 +126,4 @@ def drafter_config_from_target(target_config, layer_ids, draft_vocab_size: int, 
         heads = max(1, hidden // head_dim)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
     kv_heads = kv_heads if heads % kv_heads == 0 else heads
-    rope = drafter_rope(getattr(cfg, "rope_parameters", None), getattr(cfg, "rope_theta", None) or 10000.0)
-    intermediate = int(getattr(cfg, "intermediate_size", 4 * hidden))
-    return DrafterConfig(
-        hidden_size=hidden, target_hidden_size=target_hidden, num_attention_heads=heads, num_key_value_heads=min(kv_heads, heads),
-        head_dim=head_dim, intermediate_size=intermediate if hidden == target_hidden else 4 * hidden,
-        rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)), vocab_size=int(cfg.vocab_size),
-        draft_vocab_size=int(draft_vocab_size), max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 4096)),
-        rope_parameters=rope, layer_ids=[int(i) for i in layer_ids],
-    )
+    return heads, min(kv_heads, heads), head_dim
