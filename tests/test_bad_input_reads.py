@@ -366,6 +366,37 @@ def test_capture_refuses_a_data_dir_whose_output_records_are_damaged(pipeline, t
     assert result.exit_code == 2 and not (tmp_path / "features").exists()
 
 
+@pytest.mark.parametrize(("damage", "says"), [
+    (lambda run: (run / "train_options.json").write_text("[]"), "train_options.json holds no JSON object"),
+    (lambda run: (run / "train_options.json").write_text(
+        json.dumps({**json.loads((run / "train_options.json").read_text()), "segments": 5})), "its segments are not a list"),
+    (lambda run: (run / "checkpoints" / "step-00000001" / "state.json").write_text("{}"), "is not a checkpoint's state"),
+    (lambda run: (run / "checkpoints" / "step-00000001" / "state.json").write_text("{\"st"), "state.json cannot be read"),
+], ids=["record-not-an-object", "segments", "state-fields", "state-not-json"])
+def test_a_resume_from_a_damaged_run_record_or_checkpoint_is_one_line(pipeline, tmp_path, damage, says):
+    run_dir = copy(pipeline, "run", tmp_path)
+    damage(run_dir)
+    before = snapshot(run_dir)
+    result = run(*train_args(pipeline["target"], pipeline["features"], run_dir, "--resume"))
+    error_line(result, run_dir, says, "--force")
+    assert result.exit_code == 2 and snapshot(run_dir) == before
+
+
+def test_a_resume_reads_past_a_damaged_pointer_and_a_cut_metrics_line(pipeline, tmp_path):
+    """latest.json is written atomically and metrics.jsonl a line at a time: damaged by hand or cut by a crash, the
+    newest complete checkpoint is the latest and a line that holds no step's record is no record."""
+    run_dir = copy(pipeline, "run", tmp_path)
+    (run_dir / "checkpoints" / "latest.json").write_text("{")
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"ste')
+    result = run("train", "--target", pipeline["target"], "--features", pipeline["features"], "--out", run_dir,
+                 "--max-steps", "2", "--token-budget", "256", "--ttt-steps", "1", "--eval-batches", "1",
+                 "--checkpoint-every", "1", "--resume")
+    assert result.exit_code == 0, result.output
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"step"' in line]
+    assert steps == sorted(set(steps)) and steps[-1] == 2
+
+
 def test_export_refuses_a_run_whose_final_weights_changed(pipeline, tmp_path):
     run_dir = copy(pipeline, "run", tmp_path)
     flip_byte(run_dir / "final" / "model.safetensors", at=-5)

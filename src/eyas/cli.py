@@ -118,16 +118,18 @@ def generate(o: GenerateOptions) -> None:
     from eyas.engine.decode import generate as decode
     from eyas.engine.decode import warm_up
     from eyas.engine.loading import load_engine, load_target_for, prompt_tensor
-    from eyas.engine.modes import parse_mode, target_capacity
+    from eyas.engine.modes import parse_mode
+    from eyas.engine.room import checked_capacity
 
     speculation = parse_mode(o.mode)
     o.sampling().check_mode(speculation.mode)  # before anything loads
     template = read_chat_template(o.chat_template)
     loaded = load_target_for(o.draft, o.target, device=o.device, trust_remote_code=o.trust_remote_code, dtype=o.dtype)
     ids = render(loaded.tokenizer, o.prompt, template)
-    engine = load_engine(o.target, o.draft, target_capacity(len(ids), o.max_new_tokens, [speculation]), o.device,
-                         o.trust_remote_code, target=loaded, graphs=o.graphs, compile=o.compile, lean=o.lean,
-                         modes=[speculation])
+    modes = [speculation] if o.draft else []  # decoding alone drafts nothing: no draft slots, no draft positions
+    capacity = checked_capacity(loaded, len(ids), o.max_new_tokens, modes)  # what fits, before any cache exists
+    engine = load_engine(o.target, o.draft, capacity, o.device, o.trust_remote_code, target=loaded, graphs=o.graphs,
+                         compile=o.compile, lean=o.lean, modes=modes)
     tokenizer = engine.target.tokenizer
     shown: list[int] = []
     printed = ""

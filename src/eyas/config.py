@@ -80,8 +80,6 @@ def load_config(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> RunC
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory: give a TOML file (see examples/*.toml)") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path} is not UTF-8 text (byte {err.start}: {err.reason}): not a TOML run config; give "
                           "a TOML file (see examples/*.toml)") from None

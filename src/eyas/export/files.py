@@ -211,8 +211,38 @@ def edited_since_export(directory: Path) -> list[str]:
 
 
 def read_draft_config(directory: Path) -> dict:
-    """A drafter directory's config.json as a dict, or one line saying why it cannot be read."""
+    """A drafter directory's config.json as a dict, or one line saying why it cannot be read, or that the directory
+    holds a target model instead (:func:`target_model_config`): every reader of a DRAFT_DIR comes through here."""
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise EyasError(f"{path} is missing: a drafter directory holds config.json and model.safetensors")
-    return read_json_object(path, "replace it with the drafter's intact config")
+    config = read_json_object(path, "replace it with the drafter's intact config")
+    target = target_model_config(config)
+    if target is not None:
+        raise EyasError(f"{directory} is a target model, not a drafter: its config.json names {target}; give the "
+                        "DRAFT_DIR that eyas export wrote from a run trained for this target (eyas train --target "
+                        f"{directory}, then eyas export RUN_DIR --out DRAFT_DIR); {directory} itself goes to --target")
+    return config
+
+
+# parts of keys only a drafter's config.json holds (every family's: none is named here): a draft vocabulary, the eagle
+# config and layer ids vLLM reads, the speculators format's nesting, a drafted block, the width of the target states
+_DRAFTER_KEYS = ("draft", "eagle", "speculators", "block_size", "target_hidden_size")
+
+
+def target_model_config(config: dict) -> str | None:
+    """What marks a config.json as a target model's, or None: a causal LM (or multimodal) architecture, several decoder
+    layers, and none of the keys a drafter's config has (:data:`_DRAFTER_KEYS`). A one-layer ``LlamaForCausalLM``
+    without them (an EAGLE-1/2 release) is left to the family's reader, which names what it lacks."""
+    names = config.get("architectures")
+    if not isinstance(names, list) or not names or not all(
+            isinstance(name, str) and name.endswith(("ForCausalLM", "ForConditionalGeneration")) for name in names):
+        return None
+    if any(marker in key for key in config for marker in _DRAFTER_KEYS):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    layers = config.get("num_hidden_layers") or text.get("num_hidden_layers")
+    if not isinstance(layers, int) or layers < 2:
+        return None
+    return (f"architectures {names} with {layers} decoder layers, and no field of a drafter's (draft_vocab_size, "
+            "eagle_config, speculators_config, block_size, target_hidden_size)")

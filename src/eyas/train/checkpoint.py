@@ -103,17 +103,45 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     pointer = root / "latest.json"
     if not pointer.is_file():
         return None
-    path = root / json.loads(pointer.read_text())["checkpoint"]
-    if (path / "state.json").is_file():
+    named = _pointed(pointer)
+    path = root / named if named is not None else None
+    if path is not None and (path / "state.json").is_file():
         return path
     complete = sorted(p for p in root.glob("step-*") if (p / "state.json").is_file())
     return complete[-1] if complete else None
 
 
+def _pointed(pointer: Path) -> str | None:
+    """The checkpoint ``latest.json`` names, or None when it names none that could be one (damaged by hand: written
+    atomically, it is otherwise whole): the newest complete step directory is then the latest."""
+    try:
+        named = json.loads(pointer.read_text(encoding="utf-8")).get("checkpoint")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return named if isinstance(named, str) and named.startswith("step-") and "/" not in named else None
+
+
+def checkpoint_state(path: Path) -> dict:
+    """Checkpoint ``path``'s state.json (its step, position, file records, …), or one line naming it when it is not
+    what a checkpoint writes (damaged by hand, or by a disk), and what to do."""
+    older = sorted(p.name for p in path.parent.glob("step-*") if (p / "state.json").is_file() and p.name < path.name)
+    damaged = f"remove {path} to resume from {older[-1]}, or " if older else ""
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise EyasError(f"{path / 'state.json'} cannot be read ({err}): {damaged}start over with --force") from None
+    files = state.get("files", {}) if isinstance(state, dict) else None
+    if not isinstance(state, dict) or type(state.get("step")) is not int or not isinstance(files, dict) or not all(
+            isinstance(r, dict) and type(r.get("bytes")) is int and isinstance(r.get("sha256"), str) for r in files.values()):
+        raise EyasError(f"{path / 'state.json'} is not a checkpoint's state (its step or file records are missing or "
+                        f"of the wrong kind): {damaged}start over with --force")
+    return state
+
+
 def checkpoint_problems(path: Path) -> list[str]:
     """``"FILE: problem"`` for each tensor file of checkpoint ``path`` that is missing or not the bytes its state.json
     records (none for a checkpoint of an older eyas, which records no sizes or SHA-256)."""
-    state = json.loads((path / "state.json").read_text())
+    state = checkpoint_state(path)
     return [f"{name}: {problem}" for name, record in state.get("files", {}).items()
             if (problem := file_problem(path / name, record["bytes"], record["sha256"]))]
 
@@ -128,7 +156,7 @@ def load_checkpoint(path: Path, drafter, optimizer, scheduler) -> dict:
     tensors = load_file(str(path / "model.safetensors"))
     if hasattr(drafter, "d2t"):
         drafter.d2t.copy_(tensors.pop("d2t"))
-    state = json.loads((path / "state.json").read_text())
+    state = checkpoint_state(path)
     saved = load_file(str(path / "optimizer.safetensors"))
     torch.set_rng_state(saved.pop("rng.torch"))
     cuda_rng = saved.pop("rng.cuda", None)

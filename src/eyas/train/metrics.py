@@ -15,8 +15,8 @@ class Metrics:
         self.path = path = out / "metrics.jsonl"
         self.lines: list[dict] = []  # what earlier segments logged, up to the checkpoint this one resumes from
         if path.is_file():  # drop what a killed run logged after its last checkpoint (all of it when it left none)
-            self.lines = [record for record in map(json.loads, filter(str.strip, path.read_text(encoding="utf-8").splitlines()))
-                          if record["step"] <= keep_up_to]
+            self.lines = [record for record in map(_record, path.read_text(encoding="utf-8", errors="replace").splitlines())
+                          if record is not None and record["step"] <= keep_up_to]
             path.write_text("".join(json.dumps(record) + "\n" for record in self.lines), encoding="utf-8")
         self.file = open(path, "a", encoding="utf-8")
         try:
@@ -49,3 +49,13 @@ class Metrics:
         self.file.close()
         if self.board is not None:
             self.board.close()
+
+
+def _record(line: str) -> dict | None:
+    """A metrics.jsonl line as the record it holds, or None for one that holds none: blank, or cut short or damaged
+    (a line is a log of a step, not the state training resumes from: that is the checkpoint's)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and type(record.get("step")) is int else None

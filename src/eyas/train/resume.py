@@ -13,11 +13,10 @@ GPU count. Anything else is refused before the target is loaded or anything is w
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.manifest import input_record, jsonable
+from eyas.manifest import input_record, jsonable, read_json_object
 from eyas.train.options import DATA_OPTIONS, RESUMABLE, TrainOptions, trains_online
 from eyas.train.run_dir import OPTIONS_FILE
 
@@ -31,7 +30,14 @@ GRAD_ACCUM = "grad_accum"  # may change with the number of processes, their prod
 def read_run_record(run_dir: Path) -> dict | None:
     """``RUN_DIR/train_options.json``, or None when the run has none yet."""
     path = Path(run_dir) / OPTIONS_FILE
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if not path.is_file():
+        return None
+    remedy = "the RUN_DIR's record is damaged: start the run over with --force, or train into a new --out"
+    record = read_json_object(path, remedy)
+    segments = record.get(SEGMENTS, [])
+    if not isinstance(segments, list) or not all(isinstance(s, dict) and type(s.get("step")) is int for s in segments):
+        raise EyasError(f"{path}: its {SEGMENTS} are not a list of records with a step; {remedy}")
+    return record
 
 
 def run_options(record: dict) -> dict:

@@ -14,7 +14,6 @@ final weights (:func:`_finish`). The run's state between them is one :class:`_Ru
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,7 +27,8 @@ from eyas.errors import EyasError
 from eyas.out_lock import one_writer
 from eyas.outputs import StageOut
 from eyas.progress import progress_bar
-from eyas.train.checkpoint import full_model_state, latest_checkpoint, load_checkpoint, run_bytes, save_checkpoint
+from eyas.train.checkpoint import (checkpoint_state, full_model_state, latest_checkpoint, load_checkpoint, run_bytes,
+                                   save_checkpoint)
 from eyas.train.data import Prefetcher, batch_seed, batches_forever
 from eyas.train.metrics import Metrics
 from eyas.train.options import TrainOptions
@@ -149,7 +149,7 @@ def _resume_point(options: TrainOptions, lead: bool) -> _Resume:
         latest = None
     if options.resume and latest is None and lead:
         print(_nothing_to_resume(out), flush=True)
-    at = json.loads((latest / "state.json").read_text())["step"] if latest is not None else 0
+    at = checkpoint_state(latest)["step"] if latest is not None else 0
     return _Resume(latest, at, read_run_record(out) if latest is not None else None, start_over, stage_out)
 
 
