@@ -144,6 +144,21 @@ def test_debug_shows_the_traceback_of_a_user_error(tmp_path, how):
     assert "Traceback" not in invoke(["run", str(tmp_path)], env={"EYAS_DEBUG": "0"}).output
 
 
+@pytest.mark.parametrize(("args", "named"), [
+    (["train", "--target", "t", "--out", "o", "--max-steps", "many"], ["'--max-steps'", "eyas train --help"]),
+    (["train", "--target", "t", "--out", "o", "--lrr", "1"], ["No such option: --lrr", "--lr"]),
+    (["bench", "--target", "t", "--out", "o", "--max-new-tokens", "1e3x"], ["'--max-new-tokens'", "eyas bench --help"]),
+    (["train", "--out", "o"], ["Missing option '--target'"]),
+    (["generate"], ["Missing argument"]),
+    (["trian"], ["No such command 'trian'", "'train'"]),
+], ids=["type", "unknown-flag", "bench-type", "missing-option", "missing-argument", "unknown-command"])
+def test_a_command_line_click_cannot_parse_is_one_error_line_not_a_usage_box(tmp_path, args, named):
+    result = invoke(args)
+    line = one_line_error(result, *named)
+    assert "Usage:" not in result.output and "╭" not in result.output and line.endswith("lists what it takes)")
+    assert not (tmp_path / "o").exists() and not Path("o").exists()
+
+
 # ---------------------------------------------------------------- 2. option ranges, defined once
 
 OUT = "OUT"  # replaced by a path under tmp_path: it must still not exist afterwards

@@ -220,3 +220,18 @@ def test_generate_loads_the_target_in_the_dtype_asked(monkeypatch):
         result = CliRunner().invoke(app, ["generate", "Hi", "--target", "demo", "--device", "cpu", "--dtype", flag])
         assert "loaded far enough" in result.output
     assert asked == [torch.bfloat16, torch.float32]
+
+
+def test_held_out_conversations_without_a_prompt_are_counted_as_dropped(tmp_path):
+    """A held-out conversation whose first token is already an answer's gives no prompt: it is counted, not lost."""
+    from pathlib import Path
+
+    from eyas.data.benchmarks import NO_PROMPT
+    from eyas.data.samples import read_samples
+
+    data = Path(zoo.write_data_dir(tmp_path / "data", sizes=(("train", 4), ("holdout", 8))))
+    samples = read_samples(data / "holdout.parquet")
+    opening = sum(1 for s in samples if s.loss_mask[0] == 1 or not s.loss_mask.any())
+    dropped: dict[str, int] = {}
+    prompts = holdout_prompts(data, dropped)
+    assert len(prompts) + dropped[NO_PROMPT] == len(samples) and dropped[NO_PROMPT] == opening > 0

@@ -52,6 +52,7 @@ def test_file_over_defaults_and_set_over_file(tmp_path):
     ('workdir = "w"\n', [], r"'target' is required"),
     ('target = "demo"\n', [], r"'workdir' is required"),
     ('target = "demo"\nworkdir = "w"\n[train\n', [], r"is not valid TOML"),
+    ('target = "demo"\nworkdir = "w"\n[bench]\ntemperature = []\n', [], r"temperature = \[\]: must hold one or more"),
     ('target = "demo"\nworkdir = "w"\n', ["train.lr"], r"expected section.key=value"),
     ('target = "demo"\nworkdir = "w"\n', ["train.lr=fast"], r"lr: expected a number, got 'fast'"),
 ])

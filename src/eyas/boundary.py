@@ -1,6 +1,7 @@
 """The command line's one error boundary: every mistake a user can cause ends as one line and exit code 2.
 
-A user can cause an :class:`~eyas.errors.EyasError` (bad input, a broken setup: its message says what to do)
+A user can cause an :class:`~eyas.errors.EyasError` (bad input, a broken setup: its message says what to do),
+a command line click cannot parse (:func:`usage_message`: click's words on one line, not its usage box)
 and an ``OSError`` about their paths — a full disk, no permission, a read-only filesystem, a path that does
 not exist, a directory where a file belongs or the reverse. Anything else is a bug in eyas and keeps its
 traceback. ``eyas --debug`` (or ``EYAS_DEBUG=1``) prints the traceback of a user error too.
@@ -16,11 +17,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import click
+import typer
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
 from eyas.errors import EyasError
+
+# click's UsageError as the typer in use raises it: typer ≥ 0.20 carries its own copy of click, older ones use click's
+UsageError = next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "UsageError")
 
 # errno → what it means for the path and what to do; a full disk or quota needs no path to be the user's
 PATH_ERRORS = {
@@ -52,6 +57,17 @@ def user_message(error: BaseException) -> str | None:
     return f"{where}{what}: {todo}"
 
 
+def usage_message(error: UsageError) -> str:
+    """The one line a command line click cannot parse prints (a misspelled flag, a value of the wrong type, a missing
+    argument): click's own message, and where the command's options are listed."""
+    names, ctx = [], error.ctx
+    while ctx is not None and ctx.parent is not None:  # the root's name is how eyas was started: call it eyas
+        names.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    command = " ".join(["eyas", *names])
+    return f"{' '.join(error.format_message().split())} ({command} --help lists what it takes)"
+
+
 def debugging(flag: bool = False) -> bool:
     """Whether user errors show their traceback: ``eyas --debug`` (``flag``) or ``EYAS_DEBUG=1``."""
     return flag or os.environ.get("EYAS_DEBUG", "") not in ("", "0")
@@ -63,6 +79,11 @@ def user_errors(console: Console, debug: bool = False) -> Iterator[None]:
     after its traceback); a bug propagates with its traceback."""
     try:
         yield
+    except UsageError as error:  # a flag misspelled or of the wrong type: click's words, on one line
+        if debugging(debug):
+            traceback.print_exc(file=sys.stderr)
+        console.print(f"[bold red]error:[/] {escape(usage_message(error))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
     except (EyasError, OSError) as error:
         message = user_message(error)
         if message is None:

