@@ -150,6 +150,14 @@ def test_prepare_refuses_a_gguf_without_a_chat_template_before_converting_it(ggu
     assert not out.exists() and not (no_conversion / "gguf").exists()  # no DATA_DIR, no conversion in the cache
 
 
+def test_bench_and_generate_refuse_a_gguf_without_a_chat_template_before_converting_it(ggufs, no_conversion, tmp_path):
+    out = tmp_path / "report"
+    one_error_line(invoke(["bench", "--target", ggufs[0], "--draft", tmp_path / "any", "--out", out, "--dataset",
+                           "mt-bench", "--mode", "chain:2", "--device", "cpu"]), "no chat template", "--chat-template FILE")
+    one_error_line(invoke(["generate", "Hi", "--target", ggufs[0], "--device", "cpu"]), "no chat template")
+    assert not out.exists() and not (no_conversion / "gguf").exists()
+
+
 def test_a_gguf_s_header_says_whether_it_ships_a_chat_template(ggufs, tiny):
     from eyas.target.loading import ships_chat_template
 

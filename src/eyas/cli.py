@@ -114,16 +114,18 @@ def generate(o: GenerateOptions) -> None:
     import time
 
     from eyas.data.benchmarks import render
-    from eyas.data.render import read_chat_template
+    from eyas.data.render import read_chat_template, require_chat_template
     from eyas.engine.decode import generate as decode
     from eyas.engine.decode import warm_up
     from eyas.engine.loading import load_engine, load_target_for, prompt_tensor
     from eyas.engine.modes import parse_mode
     from eyas.engine.room import checked_capacity
+    from eyas.target.loading import ships_chat_template
 
     speculation = parse_mode(o.mode)
     o.sampling().check_mode(speculation.mode)  # before anything loads
     template = read_chat_template(o.chat_template)
+    require_chat_template(template, ships_chat_template(o.target))  # a GGUF's header says, before it converts
     loaded = load_target_for(o.draft, o.target, device=o.device, trust_remote_code=o.trust_remote_code, dtype=o.dtype)
     ids = render(loaded.tokenizer, o.prompt, template)
     modes = [speculation] if o.draft else []  # decoding alone drafts nothing: no draft slots, no draft positions

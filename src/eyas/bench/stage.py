@@ -19,14 +19,14 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     from eyas.bench.report import MARKERS, write_report
     from eyas.bench.run import BenchResult, decoders, run_bench
     from eyas.data.fits_target import require_data_fits
-    from eyas.data.render import read_chat_template
+    from eyas.data.render import read_chat_template, require_chat_template
     from eyas.engine.loading import load_engine, load_target_for
     from eyas.engine.room import checked_capacity
     from eyas.manifest import clear_manifest, input_record, verify_stage_dir, write_manifest
     from eyas.outputs import StageOut
     from eyas.progress import progress_bar
     from eyas.target.facts import target_facts, target_input
-    from eyas.target.loading import load_target_config
+    from eyas.target.loading import load_target_config, ships_chat_template
 
     engines = options.chosen_engines()
     _check_choice(options, engines)
@@ -35,6 +35,8 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     samplings = options.samplings()
     decoders(modes, samplings)  # a rule no mode can run: said before anything loads
     template = read_chat_template(options.chat_template)
+    if set(options.datasets) - {"sharegpt-holdout"}:  # MT-bench and HumanEval are rendered with the chat template
+        require_chat_template(template, ships_chat_template(options.target))  # a GGUF's header says, unconverted
     if options.data is not None:
         verify_stage_dir(options.data, "prepare")
     facts = target_facts(options.target, *load_target_config(options.target, options.trust_remote_code))
