@@ -331,6 +331,24 @@ def test_bench_and_generate_refuse_damaged_drafters_and_layer_ids_out_of_range(p
     assert not (tmp_path / "report").exists()
 
 
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("draft_vocab_size", -1, "config field draft_vocab_size is -1: a positive whole number"),
+    ("eagle_config", 5, "config field eagle_config is 5: an object"),
+    ("eagle_aux_hidden_state_layer_ids", "x", "eagle_aux_hidden_state_layer_ids is 'x': a list of layer ids"),
+    ("hidden_size", 64.5, "config field hidden_size is 64.5"),
+])
+def test_a_drafter_config_field_of_the_wrong_kind_is_one_line_in_generate_and_check(pipeline, tmp_path,
+                                                                                    no_target_loading, field, value, says):
+    draft = copy(pipeline, "draft", tmp_path)
+    config = json.loads((draft / "config.json").read_text())
+    config[field] = value  # a hand edit: config.json may be edited after export (check warns of it)
+    (draft / "config.json").write_text(json.dumps(config))
+    result = run("generate", "--target", pipeline["target"], "--draft", draft, "--device", "cpu", "hello")
+    error_line(result, draft / "config.json", says)
+    result = run("check", draft)
+    assert result.exit_code == 1 and "Traceback" not in result.output and says in result.output, result.output
+
+
 # Other reads: DATA_DIR for capture, RUN_DIR for export
 
 

@@ -36,7 +36,8 @@ class TargetSizes:
 
 def layer_ids_of(config: dict) -> list[int] | None:
     """The layer ids a drafter config names, as vLLM reads them (top level, else eagle_config's); None: engine defaults."""
-    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    nested = config.get("eagle_config")
+    nested = nested.get("eagle_aux_hidden_state_layer_ids") if isinstance(nested, dict) else None
     return config.get("eagle_aux_hidden_state_layer_ids") or nested
 
 
@@ -78,7 +79,11 @@ def require_fit(draft_dir: Path | None, target_spec: str, trust_remote_code: boo
         more = f" (and {len(damaged) - 1} more; eyas check {draft_dir} lists them)" if len(damaged) > 1 else ""
         raise EyasError(f"{damaged[0]}{more}")
     raw = read_draft_config(draft_dir)
-    config = families.of_config(raw).fit_config(raw)
+    try:
+        config = families.of_config(raw).fit_config(raw)
+    except EyasError as err:  # a field its family cannot read
+        raise EyasError(f"{draft_dir / 'config.json'}: {err}; export the drafter again (eyas export RUN_DIR --out "
+                        f"{draft_dir}), or mend the field") from None
     problems = fit_problems(config, TargetSizes.of(load_target_config(target_spec, trust_remote_code)[0]))
     if problems:
         raise EyasError(f"{draft_dir / 'config.json'}: the drafter was made for another target than {target_spec!r}: "

@@ -66,9 +66,14 @@ class Eagle3(Family):
         return True  # the default family: anything no other family claims is read as EAGLE-3 (and checked as such)
 
     def fit_config(self, config: dict) -> dict:
-        from eyas.families.eagle3.contract import flat_config
+        from eyas.errors import EyasError
+        from eyas.families.eagle3.contract import flat_config, kind_problems
 
-        return flat_config(config)  # vLLM's speculators format nests the layer's config
+        flat = flat_config(config)  # vLLM's speculators format nests the layer's config
+        problems = kind_problems(flat, missing=False)  # what is missing, the loader names; what is wrong, here
+        if problems:
+            raise EyasError("; ".join(problems))
+        return flat
 
     def export(self, recorded, weights, fmt, dtype, train_options, report, target, out):
         from eyas.export.card import serve_target

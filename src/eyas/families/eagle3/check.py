@@ -11,7 +11,7 @@ import torch
 from eyas.errors import EyasError
 from eyas.export.files import edited_since_export, eyas_name, integrity_problems, read_shapes, read_tensors, weight_files
 from eyas.export.fit import fit_problems
-from eyas.families.eagle3.contract import ARCHITECTURE, expected_shapes, flat_config
+from eyas.families.eagle3.contract import ARCHITECTURE, expected_shapes, flat_config, kind_problems
 from eyas.target.layer_ids import sglang_reads
 
 if TYPE_CHECKING:
@@ -79,9 +79,10 @@ def _check_config(config: dict, result: CheckResult) -> None:
     if config.get("num_hidden_layers") != 1:
         result.errors.append(f"num_hidden_layers is {config.get('num_hidden_layers')}; EAGLE-3 drafters that load in both "
                              "engines have exactly 1 (SGLang and vLLM build layers ≥ 1 differently)")
-    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "vocab_size"):
-        if not isinstance(config.get(key), (int, float)) or isinstance(config.get(key), bool):
-            result.errors.append(f"config field {key} is missing or not a number")
+    kinds = kind_problems(config)
+    result.errors.extend(kinds)
+    if kinds:  # what follows reads those fields
+        return
     if "draft_vocab_size" not in config:
         result.errors.append("draft_vocab_size is missing: SGLang reads it unconditionally; write the lm_head's rows")
     if config.get("tie_word_embeddings", False):

@@ -24,6 +24,34 @@ LAYER_TENSORS = (
 )
 
 
+SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+OPTIONAL_SIZES = ("draft_vocab_size", "target_hidden_size", "head_dim", "num_aux_hidden_states")
+
+
+def kind_problems(config: dict, missing: bool = True) -> list[str]:
+    """What in a (flat) drafter config.json is missing (with ``missing``) or of the wrong kind for anything to read it:
+    its sizes positive whole numbers, rms_norm_eps a positive number, eagle_config and rope_parameters objects, the layer
+    ids lists of ids (a hand edit, or a file another tool wrote); [] when every field can be read."""
+    problems = []
+    for key in SIZES + OPTIONAL_SIZES:
+        value = config.get(key)
+        if (value is not None or (key in SIZES and missing)) and (type(value) is not int or value < 1):
+            problems.append(f"config field {key} is {'missing' if value is None else repr(value)}: a positive whole "
+                            "number")
+    eps = config.get("rms_norm_eps")
+    if (eps is not None or missing) and (not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0):
+        problems.append(f"config field rms_norm_eps is {eps!r}: a positive number")
+    for key in ("eagle_config", "rope_parameters"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            problems.append(f"config field {key} is {config[key]!r}: an object")
+    nested = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    for where, ids in (("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids")),
+                       ("eagle_config.eagle_aux_hidden_state_layer_ids", nested.get("eagle_aux_hidden_state_layer_ids"))):
+        if ids is not None and (not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids)):
+            problems.append(f"config field {where} is {ids!r}: a list of layer ids (whole numbers ≥ 0)")
+    return problems
+
+
 def expected_shapes(config: dict) -> dict[str, list[int]]:
     """Tensor name → shape for a drafter ``config.json`` (d2t and embed_tokens included when required)."""
     hidden = int(config["hidden_size"])
