@@ -171,6 +171,8 @@ COMMAND_LINES = {  # each command with its required arguments
     "generate": ["generate", "hi", "--target", "t"],
 }
 BAD_FLAGS = [  # (command, the bad flag and value, how the message names them, the range it gives)
+    ("prepare", ["--server", "notaurl"], "--server notaurl", "an http:// or https:// URL"),  # was a ValueError
+    ("bench", ["--server", "ftp://x"], "--server ftp://x", "an http:// or https:// URL"),
     ("train", ["--ttt-steps", "0"], "--ttt-steps 0", "≥ 1"),
     ("train", ["--lr", "-1"], "--lr -1.0", "> 0"),
     ("train", ["--lr", "0"], "--lr 0.0", "> 0"),

@@ -132,6 +132,11 @@ def test_limit_and_prompt_only_records_need_regeneration(tmp_path):
     empty.write_text("\n")
     with pytest.raises(EyasError, match=f"0 records read in {empty} — no records at all"):  # names the file
         prepare(PrepareOptions(target="demo", data=[str(empty)], out=tmp_path / "e"))
+    twice = tmp_path / "twice.jsonl"  # a duplicate among the reasons: its count was an IndexError
+    chat = {"conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi"}]}
+    twice.write_text("".join(json.dumps(chat) + "\n" for _ in range(2)))
+    with pytest.raises(EyasError, match=r"2 records read in .*twice.jsonl — .*: 1; exact duplicates: 1"):
+        prepare(PrepareOptions(target="demo", data=[str(twice)], out=tmp_path / "t", max_length=2))
 
 
 @pytest.fixture(scope="module")

@@ -90,6 +90,8 @@ def each(check: Check, empty: bool = False) -> Check:
     return Check(test, check.expected, check.shown, items=True)
 
 
+HTTP_URL = Check(lambda value: re.fullmatch(r"https?://[^\s/]+(/\S*)?", value) is not None,
+                 "an http:// or https:// URL (e.g. http://127.0.0.1:8000/v1)", shown=False)
 SEED = within(0, 2**32 - 1)  # every seed: what torch, numpy and the servers' samplers all take
 DEVICE = Check(lambda value: re.fullmatch(r"cpu|cuda(:\d+)?", value) is not None, "cpu, cuda or cuda:N", shown=False)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from eyas.data.benchmarks import DATASETS
 from eyas.options import (
+    HTTP_URL,
     Check,
     EngineOptions,
     at_least,
@@ -63,7 +64,7 @@ class BenchOptions(EngineOptions):
                                           "vllm and --server; eyas' engine decodes one at a time)",
                                           check=each(at_least(1)))
     server: str | None = option(None, "base URL of a running OpenAI-compatible server (vLLM, SGLang) serving the target "
-                                "with its drafter, e.g. http://localhost:8000")
+                                "with its drafter, e.g. http://localhost:8000", check=HTTP_URL)
     server_plain: str | None = option(None, "base URL of the same target served without speculation: --server's "
                                       "baseline for the speedup")
     server_model: str | None = option(None, "the model name the servers are asked for (default: the first one "

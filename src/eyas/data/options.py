@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.options import SEED, Options, above, at_least, chat_template_file, force_option, one_of, option, remote_code, within
+from eyas.options import HTTP_URL, SEED, Options, above, at_least, chat_template_file, force_option, one_of, option, remote_code, within
 
 GENERATORS = ("eyas", "hf-generate")
 
@@ -16,7 +16,8 @@ class RegenerationOptions(Options):
 
     temperature: float = option(0.0, "regeneration sampling temperature (0 = greedy)", check=at_least(0))
     max_new_tokens: int = option(1024, "longest regenerated answer", check=at_least(1))
-    server: str | None = option(None, "OpenAI-compatible server for --regenerate (e.g. http://127.0.0.1:8000/v1)")
+    server: str | None = option(None, "OpenAI-compatible server for --regenerate (e.g. http://127.0.0.1:8000/v1)",
+                                check=HTTP_URL)
     model: str | None = option(None, "model name on the server (default: its first model)", flag="--server-model")
     concurrency: int = option(16, "parallel requests to the server", check=at_least(1))
     batch_size: int = option(8, "prompts per batch when regenerating in-process", check=at_least(1))

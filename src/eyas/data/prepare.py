@@ -156,10 +156,9 @@ def _read_all(options: PrepareOptions, stats: PrepareStats) -> list[Conversation
 
 
 def _nothing_left(stats: PrepareStats, sources: list[str]) -> str:
-    reasons = {**{f"skipped, {k}": v for k, v in stats.skipped.items()}, **{f"dropped, {k}": v for k, v in stats.dropped.items()}}
-    if stats.duplicates:
-        reasons["duplicates"] = stats.duplicates
-    listed = "; ".join(f"{k.split(', ', 1)[1]}: {v}" for k, v in reasons.items()) or "no records at all"
+    counted = [*stats.skipped.items(), *stats.dropped.items(), *([("exact duplicates", stats.duplicates)]
+                                                                 if stats.duplicates else [])]
+    listed = "; ".join(f"{reason}: {count}" for reason, count in counted if count) or "no records at all"
     hint = " (prompt-only data needs --regenerate)" if stats.skipped.get("prompt-only record") else ""
     examples = "".join(f"\n  {e}" for e in stats.skip_examples[:5])
     read = f"{stats.records_read} records read in {', '.join(sources)}"
