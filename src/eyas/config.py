@@ -69,8 +69,16 @@ class RunConfig:
         return values
 
     def options(self, stage: str):
-        """The stage's options: its defaults, then this config's values, then what eyas run wires."""
-        return STAGES[stage].options(**self.wired(stage), **self.sections.get(stage, {}))
+        """The stage's options: its defaults, then this config's values, then what eyas run wires; an option the stage
+        requires that neither gives is refused, naming the section."""
+        values = {**self.wired(stage), **self.sections.get(stage, {})}
+        missing = [f.name for f in dataclasses.fields(STAGES[stage].options) if f.name not in values
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ConfigError(f"{self.source} [{stage}]: {', '.join(repr(name) for name in missing)} "
+                              f"{'is' if len(missing) == 1 else 'are'} required by the {stage} stage: add "
+                              f"{'it' if len(missing) == 1 else 'them'} to [{stage}] (or leave {stage} out of 'stages')")
+        return STAGES[stage].options(**values)
 
 
 def load_config(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -114,6 +122,7 @@ def build_config(raw: dict, source: str, overrides: list[str] | tuple[str, ...] 
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: [{name}] must be a table of options")
         sections[name] = _check_table(table, stage.options, f"{source} [{name}]", stage.wired)
+    _check_drafter_options(sections["train"], f"{source} [train]")
     ordered = tuple(s for s in STAGES if s in stages)  # stages always run in pipeline order
     return RunConfig(target=raw["target"], workdir=Path(workdir).expanduser(), stages=ordered, sections=sections,
                      source=source)
@@ -145,6 +154,18 @@ def _check_table(table: dict, cls: type, where: str, wired: set[str] = frozenset
         if rule is not None:
             raise ConfigError(f"{where} {key} = {value!r}: {rule}")
     return checked
+
+
+def _check_drafter_options(train: dict[str, Any], where: str) -> None:
+    """Refuse a [train] option that only drafter families other than the section's ``drafter`` read (it would be
+    ignored): the rule eyas train applies to its flags (:func:`eyas.families.unread_refusal`), spelled as the config's
+    keys."""
+    from eyas import families
+
+    refusal = families.unread_refusal(train.get("drafter", families.DEFAULT), train, lambda f: f.name,
+                                      lambda name: f'drafter = "{name}"')
+    if refusal:
+        raise ConfigError(f"{where}: {refusal}")
 
 
 def _convert(value: Any, kind: Any, where: str) -> Any:

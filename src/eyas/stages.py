@@ -28,6 +28,8 @@ class Stage:
     folder: str  # the subfolder of eyas run's workdir it writes (and the next stage reads)
     wired: frozenset[str]  # options eyas run sets from `target` and `workdir`; a config may not set them
     run: Callable[[Any, Console], Any]  # (options, console) → its result, printed; None when skipped
+    # what eyas run checks of its options before the first stage runs, beyond their ranges (checked when they are built)
+    check: Callable[[Any], None] | None = None
 
 
 def _prepare(options: PrepareOptions, console: Console) -> Any:
@@ -80,6 +82,13 @@ def _train(options: TrainOptions, console: Console) -> Any:
     return report
 
 
+def _check_train(options: TrainOptions) -> None:
+    """The drafter options against the target's config alone, as eyas train checks them before reading its weights."""
+    from eyas.train.checks import check_drafter, training_device
+
+    check_drafter(options, training_device())
+
+
 def _export(options: ExportOptions, console: Console) -> Any:
     from eyas.export.stage import export_stage
 
@@ -104,7 +113,7 @@ def _bench(options: BenchOptions, console: Console) -> Any:
 STAGES: dict[str, Stage] = {  # in pipeline order
     "prepare": Stage(PrepareOptions, "data", frozenset({"target", "out"}), _prepare),
     "capture": Stage(CaptureOptions, "features", frozenset({"target", "data", "out"}), _capture),
-    "train": Stage(TrainOptions, "run", frozenset({"target", "out", "data", "features", "resume"}), _train),
+    "train": Stage(TrainOptions, "run", frozenset({"target", "out", "data", "features", "resume"}), _train, _check_train),
     "export": Stage(ExportOptions, "draft", frozenset({"run_dir", "out"}), _export),
     "bench": Stage(BenchOptions, "bench", frozenset({"target", "draft", "out", "data"}), _bench),
 }

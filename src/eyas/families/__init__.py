@@ -80,6 +80,28 @@ class Family:
         before it reads the target's weights or writes --out (ranges are the options' own: ``option(check=...)``);
         :meth:`build` should ask too. By default every value in range builds."""
 
+    def training_bytes(self, options, target_config) -> int | None:
+        """Bytes the drafter ``options`` build beside a target of HF config ``target_config`` holds on its device while
+        it trains — its weights, their gradients and AdamW's two moments — counted from its config, before it is built
+        (at least that: a part the options do not fix, such as a draft vocabulary, counted at its least). ``eyas train``
+        refuses a drafter that cannot fit the device's free memory, naming :meth:`fitting`. None (the default): not
+        estimated, not checked."""
+        return None
+
+    def fitting(self, options, target_config, free: int) -> str:
+        """What to give instead, in one clause naming the flags, so that :meth:`training_bytes` fits ``free`` bytes."""
+        return "choose smaller drafter options"
+
+    def check_samples(self, options, longest: int) -> None:
+        """Refuse, in one line naming the flag and a value that fits, ``options`` under which no training sample — the
+        longest holds ``longest`` tokens — has a position to learn from (a block longer than every sample). ``eyas
+        train`` asks once its data is read, before the drafter is built or anything is written. By default any
+        length fits."""
+
+    def nothing_learned(self, options) -> str:
+        """What to change, in one clause naming the flags, when a run's steps found no position to learn from."""
+        return "give training samples with trained (assistant) tokens"
+
     def build(self, inputs: BuildInputs) -> Built:
         """A new drafter for the target, on ``inputs.device``, seeded by ``inputs.options.seed``."""
         raise NotImplementedError
@@ -247,3 +269,46 @@ def options_fields() -> list[tuple[str, Any, dataclasses.Field]]:
                 continue
             merged[f.name] = (f.name, hints[f.name], copied_field(f, f"{family.name}: "), family.name)
     return [(name, kind, f) for name, kind, f, _ in merged.values()]
+
+
+def _readers() -> dict[str, tuple[dataclasses.Field, list[str]]]:
+    """Every family option's name → (its field, the families that read it)."""
+    readers: dict[str, tuple[dataclasses.Field, list[str]]] = {}
+    for family in families():
+        for f in dataclasses.fields(family.options) if family.options is not None else ():
+            readers.setdefault(f.name, (f, []))[1].append(family.name)
+    return readers
+
+
+def unread_names(drafter: str) -> set[str]:
+    """The options only families other than ``drafter`` read: a value of theirs means nothing to its runs (a resume
+    does not compare them)."""
+    return {name for name, (_, owners) in _readers().items() if drafter not in owners}
+
+
+def unread_options(drafter: str, values: dict[str, Any]) -> list[tuple[dataclasses.Field, list[str]]]:
+    """The options in ``values`` (name → value) given a value other than their default although only families other
+    than ``drafter`` read them → (field, the families that read it) each; an option the chosen family shares with
+    others, and every option no family declares (the shared ones), is read."""
+    unread = []
+    for name, (f, owners) in _readers().items():
+        if drafter in owners or name not in values:
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if values[name] != default:
+            unread.append((f, owners))
+    return unread
+
+
+def unread_refusal(drafter: str, values: dict[str, Any], spell, choose) -> str | None:
+    """The one line refusing :func:`unread_options` (None when there are none): ``spell(field)`` says how the option is
+    written (``--hidden-size``), ``choose(name)`` how choosing family ``name`` is (``--drafter NAME``)."""
+    unread = unread_options(drafter, values)
+    if not unread:
+        return None
+    owners = list(dict.fromkeys(owner for _, names in unread for owner in names))
+    named = ", ".join(spell(f) for f, _ in unread)
+    one = len(unread) == 1
+    return (f"{named} {'is an option' if one else 'are options'} of {' and '.join(owners)} drafters; {choose(drafter)} "
+            f"does not read {'it' if one else 'them'}: leave {'it' if one else 'them'} out (or choose "
+            f"{' or '.join(choose(owner) for owner in owners)})")

@@ -97,7 +97,8 @@ class OfflineSource:
         # Canonical order (by sample id) before planning: the online source plans the same batches.
         canonical = sorted(range(len(ids)), key=ids.__getitem__)
         self.ids = [ids[i] for i in canonical]
-        plan = plan_batches([lengths[i] for i in canonical], token_budget, self.multiple)
+        self.lengths = [int(lengths[i]) for i in canonical]  # each sample's tokens, in this order
+        plan = plan_batches(self.lengths, token_budget, self.multiple)
         self.batches = [tuple(canonical[j] for j in batch) for batch in plan]
 
     def batch(self, index: int) -> Batch:
@@ -169,7 +170,8 @@ class OnlineSource:
         self.ids = [s.id for s in self.samples]
         self.device, self.dtype = device, dtype
         self.multiple = width_multiple(device) if multiple is None else multiple
-        self.batches = plan_batches([len(s.input_ids) for s in self.samples], token_budget, self.multiple)
+        self.lengths = [len(s.input_ids) for s in self.samples]  # each sample's tokens, in this order
+        self.batches = plan_batches(self.lengths, token_budget, self.multiple)
 
     def batch(self, index: int) -> Batch:
         """Batch ``index`` of the plan, with states captured by the live target."""

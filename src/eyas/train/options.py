@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eyas import families
+from eyas.errors import EyasError
 from eyas.options import (
     SEED,
     Options,
@@ -67,12 +68,24 @@ class CommonTrainOptions(Options):
     trust_remote_code: bool = remote_code()
 
 
+def _checked(options) -> None:
+    """Each option within its range (:class:`eyas.options.Options`), then none that only other families than
+    --drafter's read given a value of its own (:func:`eyas.families.unread_refusal`): it would be ignored."""
+    Options.__post_init__(options)
+    from eyas.flags import field_flag
+
+    refusal = families.unread_refusal(options.drafter, vars(options), lambda f: field_flag(f).split("/")[0],
+                                      lambda name: f"--drafter {name}")
+    if refusal:
+        raise EyasError(refusal)
+
+
 # The shared options first (the flags' order in --help), then every family's.
 TrainOptions = dataclasses.make_dataclass(
     "TrainOptions", [(f.name, kind, copied_field(f)) for f, kind in (
         (f, typing.get_type_hints(CommonTrainOptions)[f.name]) for f in dataclasses.fields(CommonTrainOptions))]
     + families.options_fields(), bases=(Options,),
-    namespace={"__doc__": CommonTrainOptions.__doc__, "__module__": __name__})
+    namespace={"__doc__": CommonTrainOptions.__doc__, "__module__": __name__, "__post_init__": _checked})
 
 
 # What `--resume` may change: when the run ends (the step limit; the learning-rate schedule then stretches to the new

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from eyas import families
 from eyas.errors import EyasError
 from eyas.manifest import input_record, jsonable, read_json_object
 from eyas.train.options import DATA_OPTIONS, RESUMABLE, TrainOptions, trains_online
@@ -77,8 +78,10 @@ def resume_changes(record: dict, options: TrainOptions, step: int, out: Path, ta
     defaults = {f.name: jsonable(f.default) for f in dataclasses.fields(TrainOptions) if f.default is not dataclasses.MISSING}
     changed = _accumulation_change(before.get("grad_accum", defaults["grad_accum"]), _recorded_world(record, step),
                                    options.grad_accum, world, out)
+    unread = families.unread_names(options.drafter)  # other families' options: recorded, never read by this run
     for name, value in now.items():
-        if name in NOT_COMPARED or name in DATA_OPTIONS or name == GRAD_ACCUM or (name == TARGET and _recorded_target(record, step)):
+        if name in NOT_COMPARED or name in DATA_OPTIONS or name == GRAD_ACCUM or name in unread or \
+                (name == TARGET and _recorded_target(record, step)):
             continue
         old = before.get(name, defaults.get(name))  # an option newer than the record: the run had its default
         if old == value:

@@ -93,6 +93,8 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
     if not source.batches:
         raise EyasError(f"{options.features or options.data} has an empty train split: nothing to train on; capture (or "
                         "prepare) one with the train split")
+    family = families.named(options.drafter, "--drafter")
+    family.check_samples(options, max(source.lengths))  # options no sample has a position to learn from, refused
     if holdout is not None and not holdout.batches:
         holdout = None  # an empty holdout evaluates nothing: no evaluation is reported, not a loss of 0
     # The teacher's full-vocabulary logits are the target's own: bf16 on a GPU (a float32 [V, Ht] copy would be 4.7 GB
@@ -100,7 +102,6 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
     teacher_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shared = dict(source=source, holdout=holdout, head=head.to(device, teacher_dtype),
                   target={**facts, "layer_ids": list(layer_ids)}, inputs=[data_input(options), target_input(facts)])
-    family = families.named(options.drafter, "--drafter")
     built = family.build(BuildInputs(config, tuple(layer_ids), options, head, embed, vocab_path, device, teacher_dtype))
     return TrainingSetup(**shared, drafter=built.drafter, draft_ids=built.draft_ids, embed=built.embed, family=family)
 

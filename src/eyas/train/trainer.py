@@ -31,7 +31,7 @@ from eyas.train.checkpoint import (checkpoint_state, full_model_state, latest_ch
                                    save_checkpoint)
 from eyas.train.data import Prefetcher, batch_seed, batches_forever
 from eyas.train.metrics import Metrics
-from eyas.train.options import TrainOptions
+from eyas.train.options import TrainOptions, trains_online
 from eyas.train.resume import new_record, read_run_record, resume_changes, resumed_record, target_identity
 from eyas.train.run_dir import MARKERS as RUN_MARKERS
 from eyas.train.run_dir import OPTIONS_FILE, clear_run_dir, finish_run_dir, start_run_dir
@@ -88,6 +88,7 @@ class _Run:
     index: int = 0
     record: dict = field(default_factory=dict)  # the last step's metrics (a resumed run starts from its checkpoint's)
     earlier_seconds: float = 0.0  # the segments before this one
+    counted: float | None = 0.0  # positions the loss counted over the whole run (None: a checkpoint older than the count)
     run_record: dict = field(default_factory=dict)  # run.json: the options and segments (new, or the resumed one's)
 
     @property
@@ -166,7 +167,7 @@ def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int
     """The drafter, its data and teacher, the optimizer and schedule, and the run's record (new or resumed), after every
     check that can refuse the run."""
     out = Path(options.out)
-    _check_drafter(options)
+    _check_drafter(options, device, world)
     target = target_identity(options)
     changes = resume_changes(resume.recorded, options, resume.at, out, target, world) if resume.recorded is not None else {}
     setup = setup_training(options, device, loaded, target)
@@ -194,14 +195,14 @@ def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int
     return _Run(options, out, rank, world, device, setup, optimizer, scheduler, total_steps, weights, run_record=record)
 
 
-def _check_drafter(options: TrainOptions) -> None:
+def _check_drafter(options: TrainOptions, device: torch.device, world: int) -> None:
     """Refuse, before the target's weights are read, drafter options its family cannot build beside this target (a
-    width its attention heads do not divide, a token id outside the vocabulary): the family says which
-    (:meth:`eyas.families.Family.validate`), from the target's config alone — a GGUF's header, unconverted."""
-    from eyas.target.loading import read_target_config
+    width its attention heads do not divide, a token id outside the vocabulary) or whose training state cannot fit the
+    device's free memory: the family says which (:func:`eyas.train.checks.check_drafter`), from the target's config
+    alone — a GGUF's header, unconverted."""
+    from eyas.train.checks import check_drafter
 
-    family = families.named(options.drafter, "--drafter")
-    family.validate(options, read_target_config(options.target, options.trust_remote_code))
+    check_drafter(options, device, world)
 
 
 def _restore(run: _Run, resume: _Resume) -> None:
@@ -225,6 +226,8 @@ def _restore(run: _Run, resume: _Resume) -> None:
         logged = run.metrics.lines if run.metrics else []
         report.tokens = state.get("tokens", sum(line.get("tokens", 0) for line in logged))
         report.seconds = state.get("seconds", 0.0)
+        counted = state.get("counted")  # absent from older checkpoints: not known, not checked
+        run.counted = float(counted) if isinstance(counted, (int, float)) and not isinstance(counted, bool) else None
         report.initial_eval = state.get("initial_eval", next((line["eval"] for line in logged if line["step"] == 0
                                                               and "eval" in line), {}))
     run.earlier_seconds = report.seconds
@@ -255,6 +258,7 @@ def _steps(run: _Run) -> None:
             tokens, tallies, grad_norm = _step(run, loader, global_items[rank::world])
             segment_tokens += tokens
             accuracy = _record(run, tokens, tallies, grad_norm, segment_tokens / max(time.perf_counter() - started, 1e-9))
+            _check_learning(run)
             stopping = stop.agreed() and run.step < run.total_steps  # every rank stops after the same step
             _log_and_checkpoint(run, stopping, time.perf_counter() - started)
             bar(1)
@@ -298,11 +302,33 @@ def _record(run: _Run, tokens: int, tallies: tuple, grad_norm: torch.Tensor, tok
     losses, correct, counted = tallies
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # sharded: a DTensor
     run.report.tokens += tokens
+    if run.counted is not None:
+        run.counted += float(counted.sum())
     accuracy = (correct / counted.clamp(min=1)).tolist()
     run.record = {"step": run.step, "epoch": run.epoch, "loss": float((losses * torch.tensor(run.weights)).sum()),
                   "step_loss": losses.tolist(), "accuracy": accuracy, "lr": run.scheduler.get_last_lr()[0],
                   "grad_norm": float(grad_norm), "tokens": tokens, "tokens_per_s": tokens_per_s}
     return accuracy
+
+
+def _check_learning(run: _Run) -> None:
+    """Refuse a run whose steps found no position to learn from once they have seen every training batch: its loss
+    counted no token and never will, so its drafter would stay as initialised behind a loss of 0 (refused before the
+    step's checkpoint; RUN_DIR keeps what the run wrote before). A run that ends before it has seen them all, having
+    counted none, ends with a warning saying so."""
+    batches = len(run.setup.source.batches)
+    seen = min(run.step * run.per_step, batches)
+    if run.counted != 0 or (seen < batches and run.step < run.total_steps):  # None: not counted before this segment
+        return
+    options = run.options
+    role = "data" if trains_online(options.online, options.features, options.data) else "features"
+    what = (f"{run.step} training step{'s' if run.step > 1 else ''} ({seen} of the {batches} training batches of "
+            f"--{role} {getattr(options, role)}) found no position to learn from — the loss counted no token, so the "
+            f"drafter {{}} as initialised: {run.setup.family.nothing_learned(options)}")
+    if seen == batches:
+        raise EyasError(f"{run.out}: {what.format('would stay')}; no final drafter was written")
+    if run.lead:
+        print(f"warning: {what.format('stays')} (the batches not seen may hold some)", flush=True)
 
 
 def _log_and_checkpoint(run: _Run, stopping: bool, segment_seconds: float) -> None:
@@ -317,7 +343,7 @@ def _log_and_checkpoint(run: _Run, stopping: bool, segment_seconds: float) -> No
     if not checkpoint:
         return
     totals = {"tokens": run.report.tokens, "seconds": run.earlier_seconds + segment_seconds,
-              "initial_eval": run.report.initial_eval}  # what a resume must not count from zero
+              "initial_eval": run.report.initial_eval, "counted": run.counted}  # what a resume must not count from zero
     drafter = run.setup.drafter
     save_checkpoint(run.out, run.step, drafter, run.optimizer, run.scheduler, {"epoch": run.epoch, "index": run.index + 1},
                     {"drafter_config": drafter.config.to_dict(), "record": run.record, **totals}, options.keep,

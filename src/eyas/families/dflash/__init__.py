@@ -33,6 +33,34 @@ class DFlash(Family):
                             f"{vocab - 1}): give an id below {vocab}, e.g. --mask-token-id {vocab - 1}, or leave it out "
                             "(the vocabulary's last id)")
 
+    def training_bytes(self, options, target_config) -> int | None:
+        from eyas.families.dflash.config import least_state_bytes
+
+        return least_state_bytes(target_config, options.layer_ids, options.draft_layers)
+
+    def fitting(self, options, target_config, free: int) -> str:
+        from eyas.families.dflash.config import least_state_bytes
+
+        per_layer = least_state_bytes(target_config, options.layer_ids, 2) - least_state_bytes(
+            target_config, options.layer_ids, 1)
+        layers = (free - least_state_bytes(target_config, options.layer_ids, 1)) // per_layer + 1
+        if layers < 1:
+            return "even one draft layer does not fit: train on a device with more memory"
+        return f"give --draft-layers {layers} or fewer"
+
+    def check_samples(self, options, longest: int) -> None:
+        fits = longest - 1  # a block's anchor a ≥ 1 (it predicts a + 1 on), the block inside the sample: a + B ≤ length
+        if options.block_size <= fits:
+            return
+        raise EyasError(f"--block-size {options.block_size}: the longest training sample holds {longest} tokens, and "
+                        "a block must lie inside a sample after its first token, so no block has a position to learn "
+                        "from (the loss would stay 0): " + (f"give --block-size {fits} or less" if fits >= 2 else
+                                                           "give longer samples (a block of 2 takes 3 tokens)"))
+
+    def nothing_learned(self, options) -> str:
+        return (f"lower --block-size (now {options.block_size}): a block is learned from only where its anchor's next "
+                "token is trained and the whole block lies inside the sample")
+
     def build(self, inputs: BuildInputs) -> Built:
         import torch
 

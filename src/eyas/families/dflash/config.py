@@ -68,6 +68,22 @@ def dflash_config_from_target(target_config, layer_ids, block_size: int, draft_l
         max_position_embeddings=int(getattr(cfg, "max_position_embeddings", None) or 32768))
 
 
+def parameter_count(config: DFlashConfig) -> int:
+    """Parameters of a drafter of ``config`` (all trained; the embedding and lm_head it reads are the target's)."""
+    hidden, q_width = config.hidden_size, config.num_attention_heads * config.head_dim
+    kv_width = config.num_key_value_heads * config.head_dim
+    attention = hidden * (q_width + 2 * kv_width) + q_width * hidden + 2 * config.head_dim  # q/k/v, o, q/k norms
+    layer = attention + 3 * hidden * config.intermediate_size + 2 * hidden  # + the MLP and the two norms
+    return len(config.layer_ids) * config.target_hidden_size * hidden + 2 * hidden + config.num_hidden_layers * layer
+
+
+def least_state_bytes(target_config, layer_ids, draft_layers: int) -> int:
+    """Bytes the drafter of ``draft_layers`` layers beside a target of HF config ``target_config`` holds while it trains
+    (fp32 weights, gradients and AdamW's two moments: 16 a parameter), at its least: ``layer_ids`` (None: one tap)."""
+    taps = list(layer_ids) if layer_ids else [0]
+    return 16 * parameter_count(dflash_config_from_target(target_config, taps, 2, draft_layers))
+
+
 def default_dflash_layer_ids(target_layers: int, draft_layers: int) -> list[int]:
     """The published rule (z-lab, SpecForge, SGLang: one tap per draft layer, evenly spaced over outputs 1 … N − 3;
     one draft layer: the middle), in eyas ids. Qwen3-8B (36 layers), 5 draft layers: outputs [1, 9, 17, 25, 33]."""

@@ -27,6 +27,33 @@ class Eagle3(Family):
 
         check_width(target_config, options.hidden_size)
 
+    def training_bytes(self, options, target_config) -> int | None:
+        from eyas.families.eagle3.memory import least_state_bytes
+
+        return least_state_bytes(target_config, options.layer_ids, options.hidden_size)
+
+    def fitting(self, options, target_config, free: int) -> str:
+        from eyas.families.eagle3.memory import fitting_width
+
+        return fitting_width(target_config, options, free)
+
+    def check_samples(self, options, longest: int) -> None:
+        from eyas.errors import EyasError
+
+        reach = longest - 2  # TTT step k (from 0) at position i predicts token i + 2 + k: later steps predict nothing
+        if options.ttt_steps <= reach:
+            return
+        if reach < 1:
+            raise EyasError(f"--ttt-steps {options.ttt_steps}: the longest training sample holds {longest} tokens, too "
+                            "few for any TTT step to have a token to predict (it takes 3): give longer samples")
+        raise EyasError(f"--ttt-steps {options.ttt_steps}: the longest training sample holds {longest} tokens, so only "
+                        f"the first {reach} TTT steps have a token to predict (the others would learn nothing): give "
+                        f"--ttt-steps {reach} or less")
+
+    def nothing_learned(self, options) -> str:
+        return ("check the training data: it needs trained (assistant) tokens past each sample's second token whose "
+                "target's top choice is in the draft vocabulary")
+
     def build(self, inputs: BuildInputs) -> Built:
         from eyas.data.vocab import load_vocab
         from eyas.errors import EyasError
