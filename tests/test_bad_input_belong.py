@@ -22,6 +22,7 @@ from eyas.target.fingerprint import group_of, sample_digests, sample_mismatch
 from eyas.target.loading import resolve_target
 from eyas.train.options import TrainOptions
 from eyas.train.trainer import train
+from test_bad_input_reads import error_line as one_error_line
 
 TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
             "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -34,12 +35,7 @@ def run(*args):
 def error_line(result, *names) -> str:
     """Exit 2, one `error:` line naming each of ``names``, no traceback."""
     assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output, result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.output
-    for name in names:
-        assert str(name) in errors[0], errors[0]
-    return errors[0]
+    return one_error_line(result, *names)
 
 
 def merged_adapter(target: str, directory: Path, layer: int = 1) -> str:
