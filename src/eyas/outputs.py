@@ -155,6 +155,23 @@ def no_empty_leftover(out: Path) -> Iterator[None]:
         raise
 
 
+def available_ram() -> int | None:
+    """RAM that can be allocated without swapping: psutil's "available" (Linux: MemAvailable, page cache included;
+    psutil comes with accelerate), else the free pages, else None."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    import os
+
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def human_bytes(count: float) -> str:
     """``1536`` → ``1.5 KiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -17,6 +17,7 @@ import torch
 
 from eyas.engine.modes import Speculation, target_capacity
 from eyas.errors import EyasError
+from eyas.outputs import available_ram
 from eyas.target.layout import text_config
 
 
@@ -88,20 +89,3 @@ def free_memory(model: torch.nn.Module) -> tuple[int | None, str]:
     if gpus:
         return sum(torch.cuda.mem_get_info(gpu)[0] for gpu in gpus), ", ".join(str(gpu) for gpu in gpus)
     return available_ram(), "this machine's RAM"
-
-
-def available_ram() -> int | None:
-    """RAM that can be allocated without swapping: psutil's "available" (Linux: MemAvailable, page cache included;
-    psutil comes with accelerate), else the free pages, else None."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
-    import os
-
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None

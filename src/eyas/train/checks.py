@@ -41,10 +41,10 @@ def check_memory(family, options, target_config, device: torch.device, shards: i
 
 def free_memory(device: torch.device) -> int | None:
     """Bytes free on ``device``: a GPU's as CUDA reports them, on the CPU the RAM that can be allocated without
-    swapping (:func:`eyas.engine.room.available_ram`); None when the system does not say."""
+    swapping (:func:`eyas.outputs.available_ram`); None when the system does not say."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    from eyas.engine.room import available_ram
+    from eyas.outputs import available_ram
 
     return available_ram()
 
