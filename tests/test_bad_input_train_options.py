@@ -286,3 +286,25 @@ def test_a_checkpoint_records_how_many_positions_its_run_learned_from(tiny, tmp_
     assert result.exit_code == 0, result.output
     state = json.loads((run / "checkpoints" / "step-00000001" / "state.json").read_text())
     assert state["counted"] > 0
+
+
+def test_a_holdout_with_nothing_to_judge_says_so_instead_of_a_loss_of_zero(monkeypatch):
+    """A holdout whose samples hold no position the drafter can be judged on (every one shorter than a block, say)
+    evaluates to loss 0 and τ 1.00, which would read as a result: eyas train says nothing was evaluated."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    import eyas.train.trainer
+    from eyas import stages
+
+    empty = {"loss": 0.0, "accuracy": [0.0], "acceptance_cumulative": [0.0], "tau": 1.0, "positions": 0.0}
+    judged = {**empty, "loss": 2.5, "tau": 1.4, "acceptance_cumulative": [0.4], "positions": 12.0}
+    for evaluation, says in ((empty, "nothing evaluated: no held-out sample"), (judged, "loss 2.500 → 2.500")):
+        report = SimpleNamespace(stopped_by=None, initial_eval=evaluation, final_eval=evaluation, steps=1, tokens=10,
+                                 seconds=0.1)
+        monkeypatch.setattr(eyas.train.trainer, "train", lambda options, r=report: r)
+        console = Console(record=True, width=400)
+        stages._train(SimpleNamespace(out="RUN"), console)
+        printed = console.export_text()
+        assert says in printed and ("τ 1.00 → 1.00" not in printed or evaluation is judged), printed

@@ -64,7 +64,11 @@ def _train(options: TrainOptions, console: Console) -> Any:
     first, last = report.initial_eval, report.final_eval
     console.print(f"trained {report.steps} steps ({report.tokens:,} tokens) in {report.seconds:.1f} s → {options.out}/final",
                   soft_wrap=True)
-    if first and last:
+    if last and not last.get("positions", 1):
+        console.print("holdout: nothing evaluated: no held-out sample has a position the drafter could be judged on (a "
+                      "trained token far enough in; a whole block, for a block drafter), so its loss and τ say nothing; "
+                      "hold out longer conversations (eyas prepare --holdout)", soft_wrap=True)
+    elif first and last:
         console.print(f"holdout: loss {first['loss']:.3f} → {last['loss']:.3f}; step-0 acceptance "
                       f"{first['acceptance_cumulative'][0]:.3f} → {last['acceptance_cumulative'][0]:.3f}; "
                       f"simulated τ {first['tau']:.2f} → {last['tau']:.2f}" + (

@@ -118,7 +118,8 @@ class Family:
 
     def evaluate(self, setup, options, weights: list[float], autocast) -> dict:
         """Holdout acceptance of the drafter as it is now: at least ``loss``, ``accuracy`` (per tally),
-        ``acceptance_cumulative`` and ``tau`` (simulated); ``tau_meaning``, optional, says what that τ is."""
+        ``acceptance_cumulative`` and ``tau`` (simulated); ``positions``, what it judged (0: nothing, and the figures
+        say nothing: ``eyas train`` says so instead of printing them); ``tau_meaning``, optional, says what that τ is."""
         raise NotImplementedError
 
     def shard(self, drafter) -> None:
