@@ -99,6 +99,26 @@ def test_generate_refuses_an_answer_beyond_the_targets_positions(made):
                "use --max-new-tokens ≤")
 
 
+def test_a_cuda_device_this_machine_lacks_is_refused_not_replaced_by_the_cpu(made, tmp_path, monkeypatch):
+    """--device cuda where torch sees no GPU was placed on the CPU without a word (transformers' device_map), and the
+    report said cpu: one line now, before the target loads."""
+    import torch
+
+    from eyas.errors import EyasError
+    from eyas.target.loading import require_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    error_line(invoke(*bench(made, "target", tmp_path / "report", "--max-new-tokens", 2, "--device", "cuda")),  # the last
+               "--device cuda: torch sees no CUDA device", "--device cpu")
+    error_line(invoke("generate", "Hi", "--target", made["chat"], "--device", "cuda:0"), "--device cuda:0")
+    assert not (tmp_path / "report").exists()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(EyasError, match=r"--device cuda:2: this machine has 2 CUDA devices \(cuda:0 … cuda:1\)"):
+        require_device("cuda:2")
+    assert require_device("cpu") == torch.device("cpu") and require_device("cuda:1") == torch.device("cuda:1")
+
+
 def test_bench_and_generate_refuse_a_kv_cache_larger_than_the_memory(made, tmp_path):
     line = error_line(invoke(*bench(made, "long", tmp_path / "report", "--max-new-tokens", HUGE)),
                       f"--max-new-tokens {HUGE}", "needs a KV cache of", "this machine's RAM has", "use --max-new-tokens")

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eyas.errors import TargetNotFoundError
+from eyas.errors import EyasError, TargetNotFoundError
 from eyas.target.gguf import demo_gguf_path, ensure_hf_dir_from_gguf
 from eyas.target.gguf_header import gguf_config, read_gguf_header
 from eyas.target.layout import discover_layout
@@ -64,6 +64,22 @@ def resolve_target(spec: str) -> str:
 def default_device() -> torch.device:
     """The GPU when there is one, else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def require_device(device: torch.device | str) -> torch.device:
+    """``--device`` as a torch device that this machine has, or one line saying what it has: a CUDA device asked for
+    where torch sees none would otherwise be placed on the CPU without a word (transformers' device_map)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise EyasError(f"--device {device}: torch sees no CUDA device on this machine (a CPU-only build of torch, or no "
+                        "GPU visible: CUDA_VISIBLE_DEVICES); pass --device cpu, or leave --device out (the CPU then)")
+    if device.index is not None and device.index >= count:
+        raise EyasError(f"--device {device}: this machine has {count} CUDA device{'s' if count > 1 else ''} "
+                        f"(cuda:0{f' … cuda:{count - 1}' if count > 1 else ''}); pass one of them")
+    return device
 
 
 def default_dtype(device: torch.device | str) -> torch.dtype:
@@ -118,7 +134,7 @@ def load_target(
     trust_remote_code: bool = False,
 ) -> Target:
     """Load model, tokenizer and layout of a target spec, ready for capture."""
-    device = torch.device(device) if device is not None else default_device()
+    device = require_device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
     config, source = load_target_config(spec, trust_remote_code)
     placement = {"device_map": "auto"} if device.type == "cuda" and device.index is None else {}
