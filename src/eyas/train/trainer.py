@@ -27,6 +27,7 @@ from eyas.errors import EyasError
 from eyas.out_lock import one_writer
 from eyas.outputs import StageOut
 from eyas.progress import progress_bar
+from eyas.train.checks import check_drafter
 from eyas.train.checkpoint import (checkpoint_state, full_model_state, latest_checkpoint, load_checkpoint, run_bytes,
                                    save_checkpoint)
 from eyas.train.data import Prefetcher, batch_seed, batches_forever
@@ -167,7 +168,7 @@ def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int
     """The drafter, its data and teacher, the optimizer and schedule, and the run's record (new or resumed), after every
     check that can refuse the run."""
     out = Path(options.out)
-    _check_drafter(options, device, world)
+    check_drafter(options, device, world)  # before the target's weights are read: the family's validation, memory
     target = target_identity(options)
     changes = resume_changes(resume.recorded, options, resume.at, out, target, world) if resume.recorded is not None else {}
     setup = setup_training(options, device, loaded, target)
@@ -193,16 +194,6 @@ def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int
     record = new_record(options, target, world) if resume.recorded is None else \
         resumed_record(resume.recorded, options, resume.at, changes, resume.at < total_steps, target, world)
     return _Run(options, out, rank, world, device, setup, optimizer, scheduler, total_steps, weights, run_record=record)
-
-
-def _check_drafter(options: TrainOptions, device: torch.device, world: int) -> None:
-    """Refuse, before the target's weights are read, drafter options its family cannot build beside this target (a
-    width its attention heads do not divide, a token id outside the vocabulary) or whose training state cannot fit the
-    device's free memory: the family says which (:func:`eyas.train.checks.check_drafter`), from the target's config
-    alone — a GGUF's header, unconverted."""
-    from eyas.train.checks import check_drafter
-
-    check_drafter(options, device, world)
 
 
 def _restore(run: _Run, resume: _Resume) -> None:
