@@ -149,6 +149,13 @@ def test_a_block_longer_than_every_sample_is_refused_before_anything_is_written(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_dspark_block_longer_than_every_sample_is_refused_before_anything_is_written(tiny, tmp_path):
+    longest = tiny["longest"]  # every token a block proposes lies inside the sample, after an anchor ≥ 1
+    one_error_line(invoke(train_args(tiny, tmp_path / "run", "--drafter", "dspark", "--spark-block", "500")),
+                   "--spark-block 500", f"holds {longest} tokens", f"--spark-block {longest - 2} or less")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_ttt_unroll_longer_than_every_sample_is_refused_before_anything_is_written(tiny, tmp_path):
     longest = tiny["longest"]
     one_error_line(invoke(train_args(tiny, tmp_path / "run", "--ttt-steps", "500")),
@@ -158,8 +165,9 @@ def test_a_ttt_unroll_longer_than_every_sample_is_refused_before_anything_is_wri
 
 @pytest.mark.parametrize("data, flags, named", [
     ("late", ["--drafter", "dflash", "--block-size", "10"], ["lower --block-size (now 10)"]),
+    ("late", ["--drafter", "dspark", "--spark-block", "10"], ["lower --spark-block (now 10)"]),
     ("untrained", ["--ttt-steps", "2"], ["trained (assistant) tokens"]),
-], ids=["dflash-blocks-before-every-trained-token", "eagle3-no-trained-token"])
+], ids=["dflash-blocks-before-every-trained-token", "dspark-blocks-before-every-trained-token", "eagle3-no-trained-token"])
 def test_a_run_whose_steps_count_no_position_ends_in_one_line_not_a_trained_drafter(tiny, tmp_path, data, flags, named):
     run = tmp_path / "run"
     args = ["train", "--target", tiny["target"], "--data", tiny[data], "--out", run, "--max-steps", "3", *flags]
@@ -192,7 +200,9 @@ def one_gib_free(monkeypatch):
                                    "leave it out (the target's width, 64)"]),
     (["--drafter", "dflash", "--draft-layers", "100000"], ["at least 55.2 GiB", "1.0 GiB free",
                                                           "--draft-layers 1812 or fewer"]),
-], ids=["eagle3-width", "dflash-layers"])
+    (["--drafter", "dspark", "--draft-layers", "100000"], ["1.0 GiB free", "at least 55.2 GiB", "--draft-layers 1808 or fewer"]),
+    (["--drafter", "dspark", "--markov-rank", "10000000"], ["1.0 GiB free", "at least 76.3 GiB", "give --markov-rank 130702 or less"]),
+], ids=["eagle3-width", "dflash-layers", "dspark-layers", "dspark-rank"])
 def test_a_drafter_whose_training_state_exceeds_the_free_memory_is_refused_before_it_is_built(
         tiny, tmp_path, no_target_weights, one_gib_free, flags, named):
     one_error_line(invoke(train_args(tiny, tmp_path / "run", *flags)), *named)
@@ -215,6 +225,11 @@ def test_the_estimate_is_the_drafter_s_own_parameter_count(tiny):
         assert parameter_counts(drafter.config) == (trained, sum(p.numel() for p in drafter.parameters()) - trained)
     drafter = DFlashDrafter(dflash_config_from_target(config, [2, 4, 5], 4, 3))
     assert parameter_count(drafter.config) == sum(p.numel() for p in drafter.parameters())
+    from eyas.families.dspark.config import dspark_config_from_target, spark_parameter_count
+    from eyas.families.dspark.model import DSparkDrafter
+
+    drafter = DSparkDrafter(dspark_config_from_target(config, [2, 4, 5], 4, 3, 16))
+    assert spark_parameter_count(drafter.config) == sum(p.numel() for p in drafter.parameters())
 
 
 # ---------------------------------------------------------------- 4. eyas run checks training's options before its first stage

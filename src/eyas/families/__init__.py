@@ -28,7 +28,7 @@ from eyas.errors import EyasError
 if TYPE_CHECKING:
     import torch
 
-BUILT_IN = ("eyas.families.eagle3", "eyas.families.dflash")  # the families eyas ships, registered in this order
+BUILT_IN = ("eyas.families.eagle3", "eyas.families.dflash", "eyas.families.dspark")  # the families eyas ships, registered in this order
 DEFAULT = "eagle3"  # the family of a RUN_DIR that records none, and of a DRAFT_DIR no other family claims
 PLUGINS_VARIABLE = "EYAS_FAMILIES"
 ENTRY_POINTS = "eyas.families"
@@ -250,13 +250,13 @@ def export_formats() -> dict[str, str]:
 
 
 def options_fields() -> list[tuple[str, Any, dataclasses.Field]]:
-    """Every family's own options as (name, type, field) for ``eyas train``'s schema, each help led by its family's
-    name; an option two families share must be declared alike (same type and default)."""
+    """Every family's own options as (name, type, field) for ``eyas train``'s schema, each help led by the names of
+    the families that read it; an option two families share must be declared alike (same type and default)."""
     import typing
 
     from eyas.options import copied_field
 
-    merged: dict[str, tuple[str, Any, dataclasses.Field, str]] = {}
+    merged: dict[str, tuple[Any, dataclasses.Field, list[str]]] = {}
     for family in families():
         if family.options is None:
             continue
@@ -264,12 +264,14 @@ def options_fields() -> list[tuple[str, Any, dataclasses.Field]]:
         for f in dataclasses.fields(family.options):
             seen = merged.get(f.name)
             if seen is not None:
-                if seen[1] != hints[f.name] or seen[2].default != f.default:
-                    raise EyasError(f"drafter families {seen[3]} and {family.name} both declare option {f.name}, "
+                if seen[0] != hints[f.name] or seen[1].default != f.default:
+                    raise EyasError(f"drafter families {seen[2][0]} and {family.name} both declare option {f.name}, "
                                     "differently: rename one")
+                seen[2].append(family.name)
                 continue
-            merged[f.name] = (f.name, hints[f.name], copied_field(f, f"{family.name}: "), family.name)
-    return [(name, kind, f) for name, kind, f, _ in merged.values()]
+            merged[f.name] = (hints[f.name], f, [family.name])
+    # the help is the first declaration's, led by every family that reads the option
+    return [(name, kind, copied_field(f, f"{', '.join(owners)}: ")) for name, (kind, f, owners) in merged.items()]
 
 
 def _readers() -> dict[str, tuple[dataclasses.Field, list[str]]]:
