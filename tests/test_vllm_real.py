@@ -301,3 +301,102 @@ def test_dflash_export_runs_in_real_vllm_with_eyas_acceptance(root, layers, laye
     assert (counters["vllm:spec_decode_num_accepted_tokens"], counters["vllm:spec_decode_num_drafts"]) == (
         sum(a for _, a, _ in ours), sum(r for _, _, r in ours))
     assert sum(a for _, a, _ in ours) > 0  # drafts were accepted: the comparison has something to compare
+
+
+_DSPARK_WORKER = """
+import json, sys
+if __name__ == "__main__":
+    mode, target, draft, out = sys.argv[1:5]
+    result = {}
+    if mode == "serve":  # what vLLM's CPU build says when asked to serve the drafter
+        from vllm import LLM
+        try:
+            LLM(model=target, dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=1,
+                speculative_config={"model": draft, "num_speculative_tokens": int(sys.argv[5])}, skip_tokenizer_init=True)
+            result["refusal"] = None
+        except Exception as err:
+            result["refusal"] = str(err)
+    else:  # vLLM's own config resolution and model class, fed the directory as its loader would be
+        import torch
+        import vllm.config.vllm as vllm_config_module
+        vllm_config_module.HAS_TRITON = True  # Model Runner V2 is what the CPU lacks (Triton), not the model's code
+        from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig, set_current_vllm_config
+        from vllm.distributed import init_distributed_environment, initialize_model_parallel
+        from vllm.model_executor.model_loader.utils import process_weights_after_loading
+        from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
+        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+        from vllm.v1.worker.gpu.spec_decode.utils import get_parallel_drafting_token_id
+        from safetensors.torch import load_file
+        target_config = ModelConfig(model=target, dtype="float32", skip_tokenizer_init=True, max_model_len=256)
+        spec = SpeculativeConfig(model=draft, num_speculative_tokens=int(sys.argv[5]), target_model_config=target_config,
+                                 target_parallel_config=ParallelConfig())
+        hf = spec.draft_model_config.hf_config
+        result.update(method=spec.method, layer_ids=list(get_eagle3_aux_layers_from_config(spec)),
+                      mask=get_parallel_drafting_token_id(hf), anchor_first=getattr(hf, "sample_from_anchor", True))
+        config = VllmConfig(model_config=target_config, speculative_config=spec)
+        context = set_current_vllm_config(config)
+        context.__enter__()
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method="tcp://127.0.0.1:29533")
+        initialize_model_parallel(1, 1)
+        model = Qwen3DSparkForCausalLM(vllm_config=config, prefix="")
+        weights = load_file(draft + "/model.safetensors")
+        model.load_weights(weights.items())
+        params = {name: p.data.clone() for name, p in model.named_parameters()}  # as loaded (the CPU repacks them)
+        differ = []
+        for name, tensor in weights.items():
+            stem, _, kind = name.rpartition(".")
+            layer, _, part = stem.rpartition(".")
+            if part in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):  # vLLM fuses q/k/v and gate/up
+                fused = params["model." + layer + (".qkv_proj." if part[0] in "qkv" else ".gate_up_proj.") + kind]
+                order = ["q_proj", "k_proj", "v_proj"] if part[0] in "qkv" else ["gate_proj", "up_proj"]
+                start = sum(weights[layer + "." + o + "." + kind].shape[0] for o in order[: order.index(part)])
+                mine = fused[start : start + tensor.shape[0]]
+            else:
+                mine = params.get("model." + name)
+            if mine is None or not torch.equal(mine, tensor):
+                differ.append(name)
+        process_weights_after_loading(model, spec.draft_model_config, torch.device("cpu"))
+        ids = torch.tensor(json.loads(sys.argv[6]))
+        with torch.no_grad():
+            result.update(differ=differ, bias=model.markov_bias(model.markov_embed(ids)).tolist())
+    json.dump(result, open(out, "w"))
+"""
+
+
+def _dspark_in_vllm(root: Path, mode: str, target: str, draft: Path, block: int, ids: list[int]) -> dict:
+    out = root / f"dspark-{mode}.json"
+    done = subprocess.run([_vllm_python(), "-c", _DSPARK_WORKER, mode, target, str(draft), str(out), str(block),
+                           json.dumps(ids)], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_dspark_export_is_what_vllms_dspark_loader_reads_and_the_cpu_build_refuses_to_serve_it(root):
+    """vLLM 0.32 serves DSpark on Model Runner V2 only, which needs Triton's GPU backend: its CPU build refuses the
+    method (quoted below), so eyas' export is checked against vLLM's own code instead — its speculative config resolves
+    the directory as dspark (no method given), with eyas' layer ids and mask token; its Qwen3DSparkForCausalLM loads
+    every tensor (q/k/v and gate/up fused) unchanged; and its Markov bias equals eyas' for the same tokens."""
+    from eyas.families.dspark.config import DSparkConfig
+    from eyas.families.dspark.export import write_dspark_dir
+    from eyas.families.dspark.model import DSparkDrafter
+
+    target = _target(root, "llama")
+    config = DSparkConfig(hidden_size=WIDTH, target_hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=32, intermediate_size=256, vocab_size=zoo.VOCAB, block_size=3,
+                          mask_token_id=zoo.VOCAB - 1, layer_ids=[1, 3], rope_theta=10000.0, markov_rank=16)
+    torch.manual_seed(0)
+    drafter = DSparkDrafter(config)
+    for p in drafter.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    draft = write_dspark_dir(root / "dspark", drafter, "fp32", 256)
+    ids = [3, 7, zoo.VOCAB - 1]
+    refused = _dspark_in_vllm(root, "serve", target, draft, 3, ids)["refusal"]
+    assert "Model Runner V1 does not support: dspark speculative decoding" in refused, refused
+    read = _dspark_in_vllm(root, "load", target, draft, 3, ids)
+    assert (read["method"], read["layer_ids"], read["mask"], read["anchor_first"]) == ("dspark", [1, 3], zoo.VOCAB - 1,
+                                                                                       True)
+    assert read["differ"] == []
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(read["bias"]), drafter.markov_head(torch.tensor(ids)))
