@@ -226,3 +226,27 @@ def test_eyas_check_holds_a_dspark_directory_to_what_vllm_loads(tmp_path):
     (tmp_path / "draft" / "manifest.json").unlink(missing_ok=True)  # the sha256 would name the edit first
     errors = check_draft_dir(tmp_path / "draft").errors
     assert any("lm_head" in e for e in errors), errors
+
+
+def test_the_loss_in_checkpointed_chunks_equals_the_loss_in_one_and_so_do_its_gradients():
+    """The full-vocabulary part runs a few slots at a time, recomputed in the backward pass: the loss, every statistic
+    and every gradient are those of one chunk holding every slot."""
+    drafter, embed, lm_head = build()
+    features, ids, final, loss_mask = sequence(length=24)
+    anchors = torch.tensor([[2, 6, 11, 15, 19]])
+    usable = torch.tensor([[True, True, True, True, False]])
+
+    def run(chunk_rows):
+        drafter.zero_grad()
+        stats = spark_loss(drafter, features[None], ids[None], final[None], loss_mask[None].bool(), anchors, usable,
+                           embed.weight, lm_head, slot_weights(BLOCK, 3.0), 0.6, chunk_rows=chunk_rows)
+        stats.loss.backward()
+        return stats, {name: p.grad.clone() for name, p in drafter.named_parameters()}
+
+    whole, expected = run(10_000)
+    for rows in (1, 3, 7):
+        stats, grads = run(rows)
+        for field in ("loss", "shares", "correct", "counted", "accepted", "drawn_accepted", "blocks", "depth_counts"):
+            torch.testing.assert_close(getattr(stats, field), getattr(whole, field), msg=f"{field}, chunks of {rows}")
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, expected[name], msg=f"{name}, chunks of {rows}")

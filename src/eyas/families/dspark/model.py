@@ -153,10 +153,34 @@ class SparkStats:
     depth_counts: torch.Tensor
 
 
+# The loss's full-vocabulary part runs over this many slots at a time, each chunk recomputed in the backward pass
+# (activation checkpointing): the drafter's and the target's distributions over V tokens are held for one chunk only,
+# not for every slot of a pass — 4,096 × 49,152 floats is 0.8 GB where a pass of 32,768 slots would hold 6.4 GB a
+# tensor, several of them (at a Kimi-class vocabulary of 163,840: 2.7 GB against 21 GB).
+LOSS_ROWS = 4096
+
+
+def _slot_terms(drafter: DSparkDrafter, lm_head: torch.Tensor, hidden: torch.Tensor, previous: torch.Tensor,
+                teacher: torch.Tensor, weight: torch.Tensor, l1_share: float
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Slots [k, H] after tokens [k] against the target's final states there [k, Ht], weighted [k] → (each slot's
+    weighted loss [k], whether its argmax is the target's greedy token [k], its L1 distance to the target's
+    distribution [k]; the last two carry no gradient)."""
+    logits = drafter.slot_logits(hidden, lm_head, previous).float()
+    with torch.no_grad():
+        target = F.linear(teacher.to(lm_head.dtype), lm_head).float()
+        expected = target.argmax(-1)
+        target = target.softmax(-1)
+    ce = F.cross_entropy(logits, expected, reduction="none")
+    l1 = (logits.softmax(-1) - target).abs().sum(-1)
+    right = logits.detach().argmax(-1) == expected
+    return ((1.0 - l1_share) * ce + l1_share * l1) * weight, right, l1.detach()
+
+
 def spark_loss(drafter: DSparkDrafter, features: torch.Tensor, input_ids: torch.Tensor, final: torch.Tensor,
                trained: torch.Tensor, anchors: torch.Tensor, usable: torch.Tensor, embed: torch.Tensor,
                lm_head: torch.Tensor, weights: torch.Tensor, l1_share: float,
-               normalizer: torch.Tensor | None = None) -> SparkStats:
+               normalizer: torch.Tensor | None = None, chunk_rows: int = LOSS_ROWS) -> SparkStats:
     """The blocks of a batch in one forward: features [R, T, A·Ht], input_ids [R, T], the target's final states
     [R, T, Ht] (its logits: lm_head(final)), trained (bool) [R, T], anchors and usable [R, n] (:func:`draw_anchors`),
     the target's embedding and lm_head weights, slot weights [B] (:func:`slot_weights`).
@@ -166,32 +190,29 @@ def spark_loss(drafter: DSparkDrafter, features: torch.Tensor, input_ids: torch.
     (1 − ``l1_share``)·CE(logits_j, argmax p) + ``l1_share``·‖softmax(logits_j) − p‖₁ — DeepSpec's objective; the L1
     term is twice the chance that a draft drawn from the drafter at temperature 1 is rejected. The loss is the
     weighted mean over counted slots, Σ w_j·loss_j / Σ w_j; ``normalizer``: the Σ w_j of every block this forward is a
-    part of (:func:`slot_weight_total`), so that parts add up to the whole."""
-    config = drafter.config
-    block = config.block_size
+    part of (:func:`slot_weight_total`), so that parts add up to the whole. The full-vocabulary part runs
+    ``chunk_rows`` slots at a time, checkpointed (:data:`LOSS_ROWS`): the same loss and gradients, bounded memory."""
+    from torch.utils.checkpoint import checkpoint
+
+    block = drafter.config.block_size
     rows, count = anchors.shape
-    hidden = spark_block_hidden(drafter, features, input_ids, anchors, embed)
+    hidden = spark_block_hidden(drafter, features, input_ids, anchors, embed).flatten(0, 2)
     at, counted = slot_places(trained, anchors, usable, block)
-    previous = input_ids.gather(1, at.flatten(1)).view_as(at)
-    logits = drafter.slot_logits(hidden, lm_head, previous).float()
-    with torch.no_grad():
-        teacher = final[torch.arange(rows, device=at.device)[:, None], at.flatten(1)]
-        teacher = F.linear(teacher.to(lm_head.dtype), lm_head).float().view(rows, count, block, -1)
-        target = teacher.softmax(-1)
-        expected = teacher.argmax(-1)
-        del teacher
-    ce = F.cross_entropy(logits.flatten(0, 2), expected.flatten(), reduction="none").view_as(expected)
-    l1 = (logits.softmax(-1) - target).abs().sum(-1)
-    each = (1.0 - l1_share) * ce + l1_share * l1
-    weighted = counted.float() * weights.to(each.device)
+    previous = input_ids.gather(1, at.flatten(1)).flatten()
+    teacher = final[torch.arange(rows, device=at.device)[:, None], at.flatten(1)].flatten(0, 1)
+    weighted = (counted.float() * weights.to(counted.device)).flatten()
+    parts = [checkpoint(_slot_terms, drafter, lm_head, hidden[i : i + chunk_rows], previous[i : i + chunk_rows],
+                        teacher[i : i + chunk_rows], weighted[i : i + chunk_rows], l1_share, use_reentrant=False)
+             for i in range(0, hidden.shape[0], chunk_rows)]
+    each, right, l1 = (torch.cat(part).view(rows, count, block) for part in zip(*parts, strict=True))
     total = (weighted.sum() if normalizer is None else normalizer).clamp_min(1e-9)
-    per_slot = (each * weighted).sum((0, 1)) / total  # each slot's share: they sum to the loss
+    per_slot = each.sum((0, 1)) / total  # each slot's share: they sum to the loss
     loss = per_slot.sum()
     with torch.no_grad():
-        right = (logits.argmax(-1) == expected) & counted
+        right = right & counted
         whole = counted.all(-1)
         runs = accepted_runs(right)[whole]
-        drawn = (1.0 - 0.5 * l1.detach()).clamp(0, 1).cumprod(-1).sum(-1)[whole]
+        drawn = (1.0 - 0.5 * l1).clamp(0, 1).cumprod(-1).sum(-1)[whole]
         depth = torch.arange(block, device=runs.device)
         return SparkStats(loss=loss, shares=per_slot.detach(), correct=right.sum((0, 1)).float(),
                           counted=counted.sum((0, 1)).float(), accepted=runs.sum().float(),
