@@ -4,6 +4,7 @@ greedy token and L1 against its distribution, decayed by slot); the checkpoint h
 reads."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -250,3 +251,31 @@ def test_the_loss_in_checkpointed_chunks_equals_the_loss_in_one_and_so_do_its_gr
             torch.testing.assert_close(getattr(stats, field), getattr(whole, field), msg=f"{field}, chunks of {rows}")
         for name, grad in grads.items():
             torch.testing.assert_close(grad, expected[name], msg=f"{name}, chunks of {rows}")
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda c: c.update(block_size=0), "block_size is 0: a DSpark drafter needs a whole number ≥ 1"),
+    (lambda c: c.update(markov_rank="x"), "markov_rank is 'x'"),
+    (lambda c: c.update(num_hidden_layers=0), "num_hidden_layers is 0"),
+    (lambda c: c.update(num_key_value_heads=3), "num_key_value_heads 3 does not divide num_attention_heads 4"),
+    (lambda c: c["dflash_config"].update(mask_token_id=9999), "mask_token_id 9999 is outside the vocabulary"),
+    (lambda c: c.update(rope_theta="x"), "rope_theta is 'x': a DSpark drafter needs a positive number"),
+    (lambda c: c.update(max_position_embeddings=-5), "max_position_embeddings is -5"),
+    (lambda c: c.update(dflash_config=5), "dflash_config is 5: an object"),
+    (lambda c: c.update(eagle_aux_hidden_state_layer_ids="x"), "a list of whole numbers, not 'x'"),
+], ids=["block", "rank", "layers", "kv-heads", "mask", "rope", "positions", "dflash-config", "layer-ids"])
+def test_a_damaged_dspark_config_is_one_line_in_check_and_in_the_engine(tmp_path, change, says):
+    """A hand-edited config.json: eyas check names the field, and so does loading the drafter for bench and generate
+    (before this, an out-of-range mask token was an IndexError inside the first round)."""
+    from eyas.errors import EyasError
+    from eyas.export.check import check_draft_dir
+    from eyas.families.dspark.export import load_dspark_dir, write_dspark_dir
+
+    drafter, _, _ = build(layers=1)
+    draft = write_dspark_dir(tmp_path / "draft", drafter, "fp32", max_position_embeddings=2048)
+    config = json.loads((draft / "config.json").read_text())
+    change(config)
+    (draft / "config.json").write_text(json.dumps(config))
+    assert any(says in e for e in check_draft_dir(draft).errors), check_draft_dir(draft).errors
+    with pytest.raises(EyasError, match=re.escape(says)):
+        load_dspark_dir(draft)

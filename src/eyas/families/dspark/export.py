@@ -56,45 +56,64 @@ def write_dspark_dir(out: Path, drafter: DSparkDrafter, dtype: str, max_position
     return write_draft_dir(out, dspark_config_json(drafter.config, dtype, max_position_embeddings), tensors, card)
 
 
-def _number(config: dict, name: str, where: str, default=None):
-    """``config[name]`` as an int, or one line naming the field."""
-    value = config.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise EyasError(f"{where}: {name} is {value!r}, not a whole number: a DSpark config needs it")
+def _whole(config: dict, name: str, where: str, default: int | None = None) -> int:
+    """``config[name]`` (``default`` when absent or null) as a whole number ≥ 1, or one line naming the field."""
+    value = config.get(name)
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EyasError(f"{where}: {name} is {value!r}: a DSpark drafter needs a whole number ≥ 1")
     return value
 
 
+def _real(config: dict, name: str, where: str, default: float) -> float:
+    """``config[name]`` (``default`` when absent) as a positive number, or one line naming the field."""
+    value = config.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise EyasError(f"{where}: {name} is {value!r}: a DSpark drafter needs a positive number")
+    return float(value)
+
+
 def config_from_json(config: dict, where: str = "config.json") -> DSparkConfig:
-    """A DSpark config.json (eyas' or DeepSpec's layout) → DSparkConfig; the eyas ids from
-    eagle_aux_hidden_state_layer_ids, else the DFlash-spelt dflash_config.target_layer_ids or target_layer_ids + 1."""
+    """A DSpark config.json (eyas' or DeepSpec's layout) → DSparkConfig, every field checked (one line naming a field
+    of the wrong kind or out of range); the eyas ids from eagle_aux_hidden_state_layer_ids, else the DFlash-spelt
+    dflash_config.target_layer_ids or target_layer_ids + 1."""
     if ARCHITECTURE not in (config.get("architectures") or []):
         raise EyasError(f"{where}: architectures {config.get('architectures')} is not [{ARCHITECTURE!r}]: not a DSpark "
                         "drafter")
     flash = config.get("dflash_config") or {}
+    if not isinstance(flash, dict):
+        raise EyasError(f"{where}: dflash_config is {flash!r}: an object (mask_token_id, target_layer_ids)")
     ids = config.get("eagle_aux_hidden_state_layer_ids")
     spelt = flash.get("target_layer_ids", config.get("target_layer_ids"))
-    if ids is None and spelt is not None:
+    if ids is None and isinstance(spelt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in spelt):
         ids = list(from_output_spelling(spelt))
-    mask = flash.get("mask_token_id", config.get("mask_token_id"))
-    if ids is None or mask is None:
-        raise EyasError(f"{where}: a DSpark config needs the target layer ids and a mask token id")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise EyasError(f"{where}: a DSpark config needs its target layer ids (eagle_aux_hidden_state_layer_ids, or "
+                        f"dflash_config.target_layer_ids): a list of whole numbers, not {ids if ids is not None else spelt!r}")
     if not config.get("sample_from_anchor", True) or config.get("dspark_bonus_anchor", False):
         raise EyasError(f"{where}: sample_from_anchor false (a DFlash-style fill-in block): eyas decodes DSpark's "
                         "anchor-first block only")
     if config.get("markov_head_type", "vanilla") != "vanilla":
         raise EyasError(f"{where}: markov_head_type {config.get('markov_head_type')!r}: eyas (and vLLM) read the "
                         "'vanilla' Markov head only")
-    hidden, heads = _number(config, "hidden_size", where), _number(config, "num_attention_heads", where)
+    hidden, heads = _whole(config, "hidden_size", where), _whole(config, "num_attention_heads", where)
+    kv_heads = _whole(config, "num_key_value_heads", where, heads)
+    if heads % kv_heads:
+        raise EyasError(f"{where}: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
+    vocab = _whole(config, "vocab_size", where)
+    mask = flash.get("mask_token_id", config.get("mask_token_id"))
+    if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < vocab:
+        raise EyasError(f"{where}: mask_token_id {mask!r} is outside the vocabulary (0 … {vocab - 1}): a block's mask "
+                        "slots embed that token")
     return DSparkConfig(
-        hidden_size=hidden, target_hidden_size=int(config.get("target_hidden_size") or hidden),
-        num_hidden_layers=_number(config, "num_hidden_layers", where), num_attention_heads=heads,
-        num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        intermediate_size=_number(config, "intermediate_size", where), vocab_size=_number(config, "vocab_size", where),
-        block_size=_number(config, "block_size", where), mask_token_id=int(mask), layer_ids=[int(i) for i in ids],
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(config.get("rope_theta", 1_000_000.0)),
-        max_position_embeddings=int(config.get("max_position_embeddings") or 32768),
-        markov_rank=_number(config, "markov_rank", where))
+        hidden_size=hidden, target_hidden_size=_whole(config, "target_hidden_size", where, hidden),
+        num_hidden_layers=_whole(config, "num_hidden_layers", where), num_attention_heads=heads,
+        num_key_value_heads=kv_heads, head_dim=_whole(config, "head_dim", where, hidden // heads or None),
+        intermediate_size=_whole(config, "intermediate_size", where), vocab_size=vocab,
+        block_size=_whole(config, "block_size", where), mask_token_id=mask, layer_ids=list(ids),
+        rms_norm_eps=_real(config, "rms_norm_eps", where, 1e-6), rope_theta=_real(config, "rope_theta", where, 1e6),
+        max_position_embeddings=_whole(config, "max_position_embeddings", where, 32768),
+        markov_rank=_whole(config, "markov_rank", where))
 
 
 def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -150,11 +169,6 @@ def dspark_problems(directory: Path, config: dict, target=None) -> list[str]:
     if spelt is not None and list(spelt) != dflash_ids(parsed.layer_ids):
         problems.append(f"{where}: dflash_config.target_layer_ids {list(spelt)} and eagle_aux_hidden_state_layer_ids "
                         f"{parsed.layer_ids} name different states (DFlash's spelling is eyas ids − 1)")
-    if not 0 <= parsed.mask_token_id < parsed.vocab_size:
-        problems.append(f"{where}: mask_token_id {parsed.mask_token_id} is outside the vocabulary (0 … "
-                        f"{parsed.vocab_size - 1})")
-    if parsed.block_size < 1 or parsed.markov_rank < 1:
-        problems.append(f"{where}: block_size {parsed.block_size} and markov_rank {parsed.markov_rank} must be ≥ 1")
     if config.get("draft_vocab_size", parsed.vocab_size) != parsed.vocab_size:
         problems.append(f"{where}: draft_vocab_size {config.get('draft_vocab_size')} ≠ vocab_size {parsed.vocab_size}: "
                         "a reduced draft vocabulary needs lm_head and d2t, which eyas does not write")
