@@ -23,11 +23,12 @@ from eyas.families.dspark.model import (
 VOCAB, TARGET_HIDDEN, HIDDEN, BLOCK, MASK, RANK = 97, 24, 32, 4, 96, 8
 
 
-def build(layers: int = 2, seed: int = 0):
+def build(layers: int = 2, seed: int = 0, confidence: bool = False):
     torch.manual_seed(seed)
     config = DSparkConfig(hidden_size=HIDDEN, target_hidden_size=TARGET_HIDDEN, num_hidden_layers=layers,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
-                          vocab_size=VOCAB, block_size=BLOCK, mask_token_id=MASK, layer_ids=[1, 3, 5], markov_rank=RANK)
+                          vocab_size=VOCAB, block_size=BLOCK, mask_token_id=MASK, layer_ids=[1, 3, 5], markov_rank=RANK,
+                          confidence_head=confidence)
     drafter = DSparkDrafter(config).double()
     for p in drafter.parameters():  # away from the initialisation (markov_w2 starts at zero), so every piece matters
         nn.init.normal_(p, std=0.3)
@@ -263,7 +264,8 @@ def test_the_loss_in_checkpointed_chunks_equals_the_loss_in_one_and_so_do_its_gr
     (lambda c: c.update(max_position_embeddings=-5), "max_position_embeddings is -5"),
     (lambda c: c.update(dflash_config=5), "dflash_config is 5: an object"),
     (lambda c: c.update(eagle_aux_hidden_state_layer_ids="x"), "a list of whole numbers, not 'x'"),
-], ids=["block", "rank", "layers", "kv-heads", "mask", "rope", "positions", "dflash-config", "layer-ids"])
+    (lambda c: c.update(enable_confidence_head="yes"), "enable_confidence_head is 'yes': true or false"),
+], ids=["block", "rank", "layers", "kv-heads", "mask", "rope", "positions", "dflash-config", "layer-ids", "confidence"])
 def test_a_damaged_dspark_config_is_one_line_in_check_and_in_the_engine(tmp_path, change, says):
     """A hand-edited config.json: eyas check names the field, and so does loading the drafter for bench and generate
     (before this, an out-of-range mask token was an IndexError inside the first round)."""
@@ -279,3 +281,61 @@ def test_a_damaged_dspark_config_is_one_line_in_check_and_in_the_engine(tmp_path
     assert any(says in e for e in check_draft_dir(draft).errors), check_draft_dir(draft).errors
     with pytest.raises(EyasError, match=re.escape(says)):
         load_dspark_dir(draft)
+
+
+def test_the_confidence_head_learns_the_chance_a_drawn_draft_is_accepted_and_exports_as_vllm_reads_it(tmp_path):
+    """With ``confidence_head``: each counted slot's loss gains BCE(confidence logit, 1 − ½·L1) — DeepSpec's — the
+    head reads the slot's state and the Markov embedding of the token before it, its gradient reaches the backbone;
+    the export says enable_confidence_head (with the Markov embedding) and holds confidence_head.proj, which eyas
+    check holds to that."""
+    from safetensors.torch import load_file, save_file
+
+    from eyas.export.check import check_draft_dir
+    from eyas.families.dspark.export import load_dspark_dir, write_dspark_dir
+
+    drafter, embed, lm_head = build(confidence=True)
+    features, ids, final, loss_mask = sequence()
+    anchors = torch.tensor([[4, 10]])
+    share = 0.3
+    stats = spark_loss(drafter, features[None], ids[None], final[None], loss_mask[None].bool(), anchors,
+                       torch.ones_like(anchors, dtype=torch.bool), embed.weight, lm_head, slot_weights(BLOCK, None),
+                       share)
+    hidden = spark_block_hidden(drafter, features[None], ids[None], anchors, embed.weight)[0]
+    target = (final @ lm_head.T).softmax(-1)
+    total, count = 0.0, 0
+    for j, anchor in enumerate(anchors[0].tolist()):
+        previous = ids[anchor : anchor + BLOCK]
+        logits = drafter.slot_logits(hidden[j], lm_head, previous)
+        for k in range(BLOCK):
+            p = target[anchor + k]
+            l1 = (logits[k].softmax(-1) - p).abs().sum()
+            chance = 1 - 0.5 * l1.detach()
+            logit = drafter.confidence_head.proj(torch.cat([hidden[j, k], drafter.markov_head.markov_w1(previous[k])]))
+            total += ((1 - share) * nn.functional.cross_entropy(logits[k][None], p.argmax()[None]) + share * l1
+                      + nn.functional.binary_cross_entropy_with_logits(logit[0], chance))
+            count += 1
+    torch.testing.assert_close(stats.loss.double(), total / count, rtol=1e-5, atol=1e-6)
+    stats.loss.backward()
+    assert drafter.confidence_head.proj.weight.grad.abs().sum() > 0 and drafter.fc.weight.grad.abs().sum() > 0
+
+    draft = write_dspark_dir(tmp_path / "draft", drafter, "fp32", max_position_embeddings=2048)
+    config = json.loads((draft / "config.json").read_text())
+    assert config["enable_confidence_head"] is True and config["confidence_head_with_markov"] is True
+    tensors = load_file(draft / "model.safetensors")
+    assert list(tensors["confidence_head.proj.weight"].shape) == [1, HIDDEN + RANK]
+    assert list(tensors["confidence_head.proj.bias"].shape) == [1]
+    back = load_dspark_dir(draft, torch.float64)
+    torch.testing.assert_close(back.confidence_head.proj.weight, drafter.confidence_head.proj.weight.detach(),
+                               rtol=1e-6, atol=1e-6)
+    assert check_draft_dir(draft).ok
+    config.update(enable_confidence_head=False, confidence_head_with_markov=False)  # the head left unread
+    (draft / "config.json").write_text(json.dumps(config))
+    assert any("vLLM would leave it unread" in e for e in check_draft_dir(draft).errors)
+    config.update(enable_confidence_head=True)
+    (draft / "config.json").write_text(json.dumps(config))
+    assert any("without the Markov embedding" in e for e in check_draft_dir(draft).errors)
+    plain, _, _ = build()
+    config.update(confidence_head_with_markov=True)
+    (draft / "config.json").write_text(json.dumps(config))
+    save_file({n: t.float() for n, t in plain.state_dict().items()}, draft / "model.safetensors")
+    assert any("confidence_head.proj" in e for e in check_draft_dir(draft).errors)  # enabled, and missing

@@ -112,3 +112,12 @@ def test_the_command_line_trains_a_dspark_drafter_and_refuses_what_it_cannot(set
     assert long.exit_code == 2 and "--spark-block 500" in long.output and not (tmp_path / "long").exists()
     sharded = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "fsdp"), "--fsdp"])
     assert sharded.exit_code != 0 and "--fsdp" in sharded.output
+    confident = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "conf"), "--confidence-head"])
+    assert confident.exit_code == 0, confident.output
+    assert json.loads((tmp_path / "conf" / "drafter_config.json").read_text())["confidence_head"] is True
+    draft = export_run(tmp_path / "conf", tmp_path / "conf-draft", "fp32")
+    assert json.loads((draft / "config.json").read_text())["enable_confidence_head"] is True
+    assert "confidence_head.proj.weight" in load_file(draft / "model.safetensors")
+    flash = ["train", "--target", target, "--features", str(features), "--drafter", "dflash", "--max-steps", "1"]
+    unread = CliRunner().invoke(app, [*flash, "--out", str(tmp_path / "unread"), "--confidence-head"])
+    assert unread.exit_code == 2 and "--confidence-head is an option of dspark drafters" in unread.output

@@ -358,16 +358,20 @@ if __name__ == "__main__":
                 differ.append(name)
         process_weights_after_loading(model, spec.draft_model_config, torch.device("cpu"))
         ids = torch.tensor(json.loads(sys.argv[6]))
+        hidden = torch.tensor(json.loads(sys.argv[7]))
         with torch.no_grad():
-            result.update(differ=differ, bias=model.markov_bias(model.markov_embed(ids)).tolist())
+            embeds = model.markov_embed(ids)
+            result.update(differ=differ, bias=model.markov_bias(embeds).tolist(),
+                          confidence=model.compute_confidence(hidden, embeds).tolist())
     json.dump(result, open(out, "w"))
 """
 
 
-def _dspark_in_vllm(root: Path, mode: str, target: str, draft: Path, block: int, ids: list[int]) -> dict:
+def _dspark_in_vllm(root: Path, mode: str, target: str, draft: Path, block: int, ids: list[int],
+                    hidden: list[list[float]]) -> dict:
     out = root / f"dspark-{mode}.json"
     done = subprocess.run([_vllm_python(), "-c", _DSPARK_WORKER, mode, target, str(draft), str(out), str(block),
-                           json.dumps(ids)], capture_output=True, text=True, timeout=900,
+                           json.dumps(ids), json.dumps(hidden)], capture_output=True, text=True, timeout=900,
                           env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
@@ -377,7 +381,8 @@ def test_dspark_export_is_what_vllms_dspark_loader_reads_and_the_cpu_build_refus
     """vLLM 0.32 serves DSpark on Model Runner V2 only, which needs Triton's GPU backend: its CPU build refuses the
     method (quoted below), so eyas' export is checked against vLLM's own code instead — its speculative config resolves
     the directory as dspark (no method given), with eyas' layer ids and mask token; its Qwen3DSparkForCausalLM loads
-    every tensor (q/k/v and gate/up fused) unchanged; and its Markov bias equals eyas' for the same tokens."""
+    every tensor (q/k/v and gate/up fused) unchanged; and its Markov bias and its confidence head's acceptance chance
+    equal eyas' for the same tokens and slot states."""
     from eyas.families.dspark.config import DSparkConfig
     from eyas.families.dspark.export import write_dspark_dir
     from eyas.families.dspark.model import DSparkDrafter
@@ -385,18 +390,22 @@ def test_dspark_export_is_what_vllms_dspark_loader_reads_and_the_cpu_build_refus
     target = _target(root, "llama")
     config = DSparkConfig(hidden_size=WIDTH, target_hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2, head_dim=32, intermediate_size=256, vocab_size=zoo.VOCAB, block_size=3,
-                          mask_token_id=zoo.VOCAB - 1, layer_ids=[1, 3], rope_theta=10000.0, markov_rank=16)
+                          mask_token_id=zoo.VOCAB - 1, layer_ids=[1, 3], rope_theta=10000.0, markov_rank=16,
+                          confidence_head=True)
     torch.manual_seed(0)
     drafter = DSparkDrafter(config)
     for p in drafter.parameters():
         torch.nn.init.normal_(p, std=0.05)
     draft = write_dspark_dir(root / "dspark", drafter, "fp32", 256)
     ids = [3, 7, zoo.VOCAB - 1]
-    refused = _dspark_in_vllm(root, "serve", target, draft, 3, ids)["refusal"]
+    hidden = torch.randn(3, WIDTH, generator=torch.Generator().manual_seed(1))
+    refused = _dspark_in_vllm(root, "serve", target, draft, 3, ids, hidden.tolist())["refusal"]
     assert "Model Runner V1 does not support: dspark speculative decoding" in refused, refused
-    read = _dspark_in_vllm(root, "load", target, draft, 3, ids)
+    read = _dspark_in_vllm(root, "load", target, draft, 3, ids, hidden.tolist())
     assert (read["method"], read["layer_ids"], read["mask"], read["anchor_first"]) == ("dspark", [1, 3], zoo.VOCAB - 1,
                                                                                        True)
     assert read["differ"] == []
     with torch.no_grad():
         torch.testing.assert_close(torch.tensor(read["bias"]), drafter.markov_head(torch.tensor(ids)))
+        torch.testing.assert_close(torch.tensor(read["confidence"]),
+                                   drafter.confidence(hidden, torch.tensor(ids)).sigmoid())

@@ -78,7 +78,7 @@ class DSpark(Family):
         options = inputs.options
         self.validate(options, inputs.config)
         config = dspark_config_from_target(inputs.config, inputs.layer_ids, options.spark_block, options.draft_layers,
-                                           options.markov_rank, options.mask_token_id)
+                                           options.markov_rank, options.mask_token_id, options.confidence_head)
         torch.manual_seed(options.seed)
         # the target's embedding and lm_head are the drafter's own input and output
         return Built(DSparkDrafter(config).to(inputs.device), None, inputs.embed.to(inputs.device, inputs.teacher_dtype))

@@ -23,8 +23,9 @@ def dspark_card(config: dict, train_options: dict, report: dict, target: dict, d
     block = int(config["block_size"])
     taps, spelt = config["eagle_aux_hidden_state_layer_ids"], config["dflash_config"]["target_layer_ids"]
     speculative = json.dumps({"method": "dspark", "model": draft, "num_speculative_tokens": block})
+    confidence = ", a confidence head (vLLM's adaptive verification reads it)" if config["enable_confidence_head"] else ""
     shape = (f"{config['num_hidden_layers']} Qwen3 layers, hidden {config['hidden_size']}, Markov rank "
-             f"{config['markov_rank']}; the target's embedding and lm_head")
+             f"{config['markov_rank']}{confidence}; the target's embedding and lm_head")
     return f"""# {Path(draft_dir).name}: DSpark drafter for {spec}
 
 Trained with eyas: one forward of its backbone over a block of {block} (the anchor and {block - 1} mask slots) proposes

@@ -18,9 +18,11 @@ ARCHITECTURE = "Qwen3DSparkModel"  # an exported DRAFT_DIR's config.json "archit
 
 @dataclass
 class DSparkConfig(DFlashConfig):
-    """DFlash's backbone fields, ``block_size`` the slots a block proposes, and the Markov head's rank."""
+    """DFlash's backbone fields, ``block_size`` the slots a block proposes, the Markov head's rank, and whether the
+    drafter has a confidence head."""
 
     markov_rank: int = 256
+    confidence_head: bool = False
 
     def to_dict(self) -> dict:
         """JSON-ready, with the family named (RUN_DIR's drafter_config.json: ``"drafter": "dspark"``)."""
@@ -28,17 +30,18 @@ class DSparkConfig(DFlashConfig):
 
 
 def dspark_config_from_target(target_config, layer_ids, block_size: int, draft_layers: int, markov_rank: int,
-                              mask_token_id: int | None = None) -> DSparkConfig:
+                              mask_token_id: int | None = None, confidence_head: bool = False) -> DSparkConfig:
     """A drafter as wide as the target's text model (DFlash's rule: its heads, MLP width, norm epsilon, RoPE base and
-    mask token) with a Markov head of ``markov_rank``."""
+    mask token) with a Markov head of ``markov_rank`` (and a confidence head when asked)."""
     backbone = dflash_config_from_target(target_config, layer_ids, block_size, draft_layers, mask_token_id)
-    return DSparkConfig(**asdict(backbone), markov_rank=int(markov_rank))
+    return DSparkConfig(**asdict(backbone), markov_rank=int(markov_rank), confidence_head=bool(confidence_head))
 
 
 def spark_parameter_count(config: DSparkConfig) -> int:
     """Parameters of a drafter of ``config``: the backbone's and the Markov head's two vocabulary × rank matrices (all
     trained; the embedding and lm_head it reads are the target's)."""
-    return parameter_count(config) + 2 * config.vocab_size * config.markov_rank
+    confidence = config.hidden_size + config.markov_rank + 1 if config.confidence_head else 0
+    return parameter_count(config) + 2 * config.vocab_size * config.markov_rank + confidence
 
 
 def least_state_bytes(target_config, layer_ids, draft_layers: int, markov_rank: int) -> int:

@@ -7,9 +7,10 @@ auto-detect as dspark), ``model_type: "qwen3"`` with the Qwen3 shape fields, ``b
 {mask_token_id, target_layer_ids}`` with the backbone's layer ids spelt as DFlash's (the output of layer i = eyas id
 i + 1) and the eyas ids as ``eagle_aux_hidden_state_layer_ids`` (vLLM takes them first, as they are), the Markov head
 (``markov_rank``, ``markov_head_type: "vanilla"``), ``sample_from_anchor: true`` (every slot predicts the token after
-it), no confidence head, and DeepSpec's own names for what it requires (``target_layer_ids``, ``mask_token_id``,
-``num_anchors``). model.safetensors holds the drafter's parameters under their names (fc, hidden_norm, layers.i.*,
-norm, markov_head.markov_w1 / markov_w2); the target's embedding and lm_head are shared, not written.
+it), ``enable_confidence_head`` (with ``confidence_head_with_markov``) as trained, and DeepSpec's own names for what
+it requires (``target_layer_ids``, ``mask_token_id``, ``num_anchors``). model.safetensors holds the drafter's
+parameters under their names (fc, hidden_norm, layers.i.*, norm, markov_head.markov_w1 / markov_w2,
+confidence_head.proj when trained); the target's embedding and lm_head are shared, not written.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def dspark_config_json(config: DSparkConfig, dtype: str, max_position_embeddings
         "mask_token_id": config.mask_token_id,
         "markov_rank": config.markov_rank,
         "markov_head_type": "vanilla",
-        "enable_confidence_head": False,
-        "confidence_head_with_markov": False,
+        "enable_confidence_head": config.confidence_head,
+        "confidence_head_with_markov": config.confidence_head,
         "sample_from_anchor": True,
         "num_anchors": ANCHORS_PER_SAMPLE,
     }
@@ -93,6 +94,12 @@ def config_from_json(config: dict, where: str = "config.json") -> DSparkConfig:
     if not config.get("sample_from_anchor", True) or config.get("dspark_bonus_anchor", False):
         raise EyasError(f"{where}: sample_from_anchor false (a DFlash-style fill-in block): eyas decodes DSpark's "
                         "anchor-first block only")
+    confidence = config.get("enable_confidence_head", False)
+    if not isinstance(confidence, bool):
+        raise EyasError(f"{where}: enable_confidence_head is {confidence!r}: true or false")
+    if confidence and config.get("confidence_head_with_markov") is not True:
+        raise EyasError(f"{where}: a confidence head without the Markov embedding (confidence_head_with_markov not "
+                        "true): eyas reads DeepSpec's default head, over the slot's state and the Markov embedding")
     if config.get("markov_head_type", "vanilla") != "vanilla":
         raise EyasError(f"{where}: markov_head_type {config.get('markov_head_type')!r}: eyas (and vLLM) read the "
                         "'vanilla' Markov head only")
@@ -113,7 +120,7 @@ def config_from_json(config: dict, where: str = "config.json") -> DSparkConfig:
         block_size=_whole(config, "block_size", where), mask_token_id=mask, layer_ids=list(ids),
         rms_norm_eps=_real(config, "rms_norm_eps", where, 1e-6), rope_theta=_real(config, "rope_theta", where, 1e6),
         max_position_embeddings=_whole(config, "max_position_embeddings", where, 32768),
-        markov_rank=_whole(config, "markov_rank", where))
+        markov_rank=_whole(config, "markov_rank", where), confidence_head=confidence)
 
 
 def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -132,8 +139,8 @@ def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 # What vLLM's Qwen3DSpark loader reads beyond the drafter's own parameters, and eyas does not: a checkpoint holding one
-# is another drafter (its own embedding or head, a reduced vocabulary, a confidence head), not eyas' layout.
-NOT_READ = ("embed_tokens", "lm_head", "d2t", "t2d", "confidence_head", "mask_embedding")
+# is another drafter (its own embedding or head, a reduced vocabulary), not eyas' layout.
+NOT_READ = ("embed_tokens", "lm_head", "d2t", "t2d", "mask_embedding")
 
 
 def load_dspark_dir(directory: Path, dtype: torch.dtype = torch.float32) -> DSparkDrafter:
@@ -191,6 +198,8 @@ def dspark_problems(directory: Path, config: dict, target=None) -> list[str]:
     extra = sorted(name for name in names if name.startswith(NOT_READ))
     if extra:
         problems.append(f"model.safetensors holds {extra[:4]}: eyas' DSpark drafter shares the target's embedding and "
-                        "lm_head over its whole vocabulary and has no confidence head; a checkpoint with them is "
-                        "another layout")
+                        "lm_head over its whole vocabulary; a checkpoint with them is another layout")
+    if not parsed.confidence_head and any(name.startswith("confidence_head.") for name in names):
+        problems.append(f"model.safetensors holds a confidence head but {where} says enable_confidence_head false: "
+                        "vLLM would leave it unread")
     return problems

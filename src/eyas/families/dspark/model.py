@@ -49,13 +49,34 @@ class MarkovHead(nn.Module):
         return self.markov_w2(self.markov_w1(previous))
 
 
+class ConfidenceHead(nn.Module):
+    """The chance that a slot's draft is accepted, as a logit: ``proj`` of the slot's final-normed state and the Markov
+    embedding of the token before it, concatenated (vLLM's DSparkConfidenceHead with ``confidence_head_with_markov``;
+    DeepSpec's AcceptRatePredictor), in float32."""
+
+    def __init__(self, hidden_size: int, rank: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size + rank, 1)
+
+    def forward(self, hidden: torch.Tensor, markov_embed: torch.Tensor) -> torch.Tensor:
+        """[..., H] and [..., r] → logits [...]."""
+        return F.linear(torch.cat([hidden, markov_embed], -1).float(), self.proj.weight.float(),
+                        self.proj.bias.float()).squeeze(-1)
+
+
 class DSparkDrafter(DFlashDrafter):
-    """DFlash's backbone (fc, hidden_norm, layers, norm) and the Markov head; the target's embedding and lm_head are
-    passed in where needed."""
+    """DFlash's backbone (fc, hidden_norm, layers, norm), the Markov head and, when its config asks, the confidence
+    head; the target's embedding and lm_head are passed in where needed."""
 
     def __init__(self, config: DSparkConfig):
         super().__init__(config)
         self.markov_head = MarkovHead(config.vocab_size, config.markov_rank)
+        self.confidence_head = ConfidenceHead(config.hidden_size, config.markov_rank) if config.confidence_head else None
+
+    def confidence(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """The confidence head's logit [...] that the draft of slots ``hidden`` [..., H] after tokens ``previous`` [...]
+        is accepted (its sigmoid: the chance)."""
+        return self.confidence_head(hidden, self.markov_head.markov_w1(previous))
 
     def slot_logits(self, hidden: torch.Tensor, lm_head: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         """Logits [..., V] of slots whose final-normed states are ``hidden`` [..., H], each after token ``previous``
@@ -173,8 +194,12 @@ def _slot_terms(drafter: DSparkDrafter, lm_head: torch.Tensor, hidden: torch.Ten
         target = target.softmax(-1)
     ce = F.cross_entropy(logits, expected, reduction="none")
     l1 = (logits.softmax(-1) - target).abs().sum(-1)
+    each = (1.0 - l1_share) * ce + l1_share * l1
+    if drafter.confidence_head is not None:  # DeepSpec's: BCE against the chance a drawn draft is accepted, 1 − ½·L1
+        chance = (1.0 - 0.5 * l1.detach()).clamp(0, 1)
+        each = each + F.binary_cross_entropy_with_logits(drafter.confidence(hidden, previous), chance, reduction="none")
     right = logits.detach().argmax(-1) == expected
-    return ((1.0 - l1_share) * ce + l1_share * l1) * weight, right, l1.detach()
+    return each * weight, right, l1.detach()
 
 
 def spark_loss(drafter: DSparkDrafter, features: torch.Tensor, input_ids: torch.Tensor, final: torch.Tensor,
@@ -188,7 +213,9 @@ def spark_loss(drafter: DSparkDrafter, features: torch.Tensor, input_ids: torch.
     Slot j of the block at a predicts the token at a + j + 1, after x_j = input_ids[a + j] (teacher forcing). Against
     the target's distribution there, p = softmax(lm_head(final[a + j])), and its greedy token argmax p, slot j's loss is
     (1 − ``l1_share``)·CE(logits_j, argmax p) + ``l1_share``·‖softmax(logits_j) − p‖₁ — DeepSpec's objective; the L1
-    term is twice the chance that a draft drawn from the drafter at temperature 1 is rejected. The loss is the
+    term is twice the chance that a draft drawn from the drafter at temperature 1 is rejected. A drafter with a
+    confidence head adds its binary cross-entropy against that acceptance chance, 1 − ½·L1 (DeepSpec's, weight 1;
+    its gradient reaches the backbone and the Markov embedding, as there). The loss is the
     weighted mean over counted slots, Σ w_j·loss_j / Σ w_j; ``normalizer``: the Σ w_j of every block this forward is a
     part of (:func:`slot_weight_total`), so that parts add up to the whole. The full-vocabulary part runs
     ``chunk_rows`` slots at a time, checkpointed (:data:`LOSS_ROWS`): the same loss and gradients, bounded memory."""

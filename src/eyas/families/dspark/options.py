@@ -30,3 +30,8 @@ class DSparkOptions(Options):
                              "distributions (1 − the acceptance rate of a drawn draft, twice over); the rest is "
                              "cross-entropy against the target's greedy token (the paper's 0.9 / 0.1)",
                              check=within(0, 1))
+    confidence_head: bool = option(False, "also train DSpark's confidence head: a linear probe of each slot's state and "
+                                   "the previous token's Markov embedding that predicts the chance vLLM accepts the "
+                                   "slot's draft (vLLM's adaptive verification sets the verify length from it under "
+                                   "load; eyas' engine does not read it); its loss, binary cross-entropy against that "
+                                   "chance at T = 1, is added to the slot's")
