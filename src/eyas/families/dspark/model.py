@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eyas.families.dflash.model import DFlashDrafter, batch_training_mask, block_input
+from eyas.families.dflash.model import DFlashDrafter, accepted_runs, batch_training_mask, block_anchors, block_input
+from eyas.families.dflash.model import slot_weights as dflash_slot_weights
 from eyas.families.dspark.config import DSparkConfig
 
 
@@ -105,32 +106,22 @@ def spark_block_hidden(drafter: DSparkDrafter, features: torch.Tensor, input_ids
     return hidden.view(rows, count, block, -1)
 
 
-def spark_anchors_usable(loss_mask: torch.Tensor, valid: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Where a block may be anchored in rows [R, T]: a ≥ 1 (a context before it), its first proposal's token trained
-    (loss_mask[a + 1]), and every token it proposes inside the row (a + B < the row's length)."""
-    length = loss_mask.shape[1]
-    place = torch.arange(length, device=loss_mask.device)
-    trained_next = F.pad(loss_mask[:, 1:] > 0, (0, 1), value=False)
-    return trained_next & (place >= 1) & (place + block_size < valid.sum(1, keepdim=True))
-
+# A DSpark block of B anchored at a predicts the tokens at a + 1 … a + B: the places a DFlash block of B + 1 anchored
+# at a predicts, slot j as DFlash's slot j + 1. Where the anchors may stand and how the slots' losses decay are
+# therefore DFlash's rules for a block of B + 1.
 
 def draw_anchors(loss_mask: torch.Tensor, valid: torch.Tensor, block_size: int, count: int,
                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``count`` anchors per row of a batch [R, T], drawn on its device without replacement among the usable places
-    (:func:`spark_anchors_usable`) → (anchors [R, count], usable [R, count]); a row with fewer such places fills up
-    with unusable ones."""
-    rows, length = loss_mask.shape
-    allowed = spark_anchors_usable(loss_mask, valid, block_size)
-    scores = torch.rand(rows, length, generator=generator, device=loss_mask.device)
-    best, anchors = torch.where(allowed, scores, -1.0).topk(min(count, length), dim=1)
-    return anchors, best >= 0
+    """``count`` anchors per row of a batch [R, T] for blocks of ``block_size`` → (anchors [R, count], usable [R, count]):
+    a usable anchor a ≥ 1 has its first proposal's token trained (loss_mask[a + 1]) and every token it proposes inside
+    the row (a + B < the row's length); :func:`eyas.families.dflash.model.block_anchors` for a block of B + 1."""
+    return block_anchors(loss_mask, valid, block_size + 1, count, generator)
 
 
 def slot_weights(block_size: int, gamma: float | None, device=None) -> torch.Tensor:
     """Slot j's weight in the loss (j = 0 … B − 1): exp(−j/γ), DeepSpec's decay (a chain is accepted from its first
-    draft on); all 1 without γ."""
-    j = torch.arange(block_size, dtype=torch.float32, device=device)
-    return torch.ones_like(j) if gamma is None else torch.exp(-j / gamma)
+    draft on); all 1 without γ — :func:`eyas.families.dflash.model.slot_weights` for a block of B + 1."""
+    return dflash_slot_weights(block_size + 1, gamma, device)
 
 
 def slot_places(trained: torch.Tensor, anchors: torch.Tensor, usable: torch.Tensor, block_size: int
@@ -150,11 +141,6 @@ def slot_weight_total(trained: torch.Tensor, anchors: torch.Tensor, usable: torc
     """Σ w_j over the counted slots of blocks at ``anchors``: the loss's denominator (no forward needed)."""
     _, counted = slot_places(trained, anchors, usable, weights.shape[0])
     return (counted.float() * weights.to(counted.device)).sum()
-
-
-def accepted_runs(right: torch.Tensor) -> torch.Tensor:
-    """[..., B] slot hits → [...] drafts a greedy chain verification accepts: the run of hits from the first slot."""
-    return right.long().cumprod(dim=-1).sum(dim=-1)
 
 
 @dataclass

@@ -11,17 +11,12 @@ each its own forward and backward, whose losses share one denominator: they add 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
 
+from eyas.families.dflash.objective import anchor_generator, block_passes, blocks_per_row
 from eyas.families.dspark.model import DSparkDrafter, SparkStats, draw_anchors, slot_weight_total, slot_weights, spark_loss
-
-
-def blocks_per_row(width: int, block_size: int, coverage: float) -> int:
-    """How many blocks each row of a batch ``width`` wide is given."""
-    return max(1, math.ceil(coverage * width / block_size))
 
 
 def score_blocks(drafter: DSparkDrafter, batch, head: torch.Tensor, embed: torch.Tensor, options,
@@ -35,15 +30,9 @@ def score_blocks(drafter: DSparkDrafter, batch, head: torch.Tensor, embed: torch
                                    blocks_per_row(width, block, options.block_coverage), generator)
     weights = slot_weights(block, options.spark_decay, batch.input_ids.device)
     normalizer = slot_weight_total(trained, anchors, usable, weights)
-    per_pass = blocks_per_row(width, block, 1.0)
-    for part, part_usable in zip(anchors.split(per_pass, dim=1), usable.split(per_pass, dim=1), strict=True):
+    for part, part_usable in block_passes(anchors, usable, blocks_per_row(width, block, 1.0)):
         yield spark_loss(drafter, batch.aux, batch.input_ids, batch.final, trained, part, part_usable, embed, head,
                          weights, options.spark_l1, normalizer)
-
-
-def generator_for(device: torch.device, seed: int) -> torch.Generator:
-    """A generator on ``device`` seeded with ``seed``: one batch's anchors."""
-    return torch.Generator(device=device).manual_seed(seed)
 
 
 def spark_micro_batch(drafter: DSparkDrafter, batch, head: torch.Tensor, embed: torch.Tensor, options, autocast,
@@ -51,7 +40,7 @@ def spark_micro_batch(drafter: DSparkDrafter, batch, head: torch.Tensor, embed: 
     """Forward and backward of one micro-batch, pass by pass; adds each slot's share of the loss, hits and counted
     slots to ``tallies`` [B] (on the device, not read back); returns the batch's real tokens."""
     shares, correct, counted = tallies
-    passes = score_blocks(drafter, batch, head, embed, options, generator_for(batch.input_ids.device, seed))
+    passes = score_blocks(drafter, batch, head, embed, options, anchor_generator(batch.input_ids.device, seed))
     while True:
         with autocast():
             stats = next(passes, None)
@@ -80,7 +69,7 @@ def evaluate_spark(drafter: DSparkDrafter, source, head: torch.Tensor, embed: to
     for b in range(len(source.batches) if max_batches is None else min(max_batches, len(source.batches))):
         batch = source.batch(b)
         with autocast():
-            for stats in score_blocks(drafter, batch, head, embed, options, generator_for(batch.input_ids.device, b)):
+            for stats in score_blocks(drafter, batch, head, embed, options, anchor_generator(batch.input_ids.device, b)):
                 loss += float(stats.loss)
                 correct += stats.correct.cpu()
                 counted += stats.counted.cpu()

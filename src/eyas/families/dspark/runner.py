@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eyas.engine.cpu_head import vocab_head
 from eyas.engine.topk import largest
 from eyas.errors import EyasError
 from eyas.families.dflash.runner import BlockDraftRunner
@@ -44,7 +43,8 @@ class SparkRunner:
         self.context = BlockDraftRunner(drafter, embed, lm_head, capacity)
         self.config = config = drafter.config
         self.device, self.dtype, self.embed = self.context.device, self.context.dtype, self.context.embed
-        self._head = vocab_head(lm_head)  # the target's, on its device and in its dtype (the drafter's)
+        # the target's lm_head as the context runner readied it (on a CPU prepacked for oneDNN): one copy, not two
+        self._head = self.context._head
         self._slots = torch.arange(capacity, device=self.device)
         self._offsets = torch.arange(config.block_size, device=self.device)
         self._own = torch.ones(config.block_size, dtype=torch.bool, device=self.device)
@@ -59,10 +59,6 @@ class SparkRunner:
     @length.setter
     def length(self, value: int) -> None:
         self.context.length = value
-
-    @property
-    def block_size(self) -> int:
-        return self.config.block_size
 
     @property
     def layer_ids(self) -> list[int]:
