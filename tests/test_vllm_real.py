@@ -409,3 +409,85 @@ def test_dspark_export_is_what_vllms_dspark_loader_reads_and_the_cpu_build_refus
         torch.testing.assert_close(torch.tensor(read["bias"]), drafter.markov_head(torch.tensor(ids)))
         torch.testing.assert_close(torch.tensor(read["confidence"]),
                                    drafter.confidence(hidden, torch.tensor(ids)).sigmoid())
+
+
+def test_streamed_training_from_vllm_equals_training_from_its_store(tmp_path):
+    """eyas train --stream --stream-engine vllm: the vLLM worker asked for one training batch at a time, its files in
+    shared memory; the weights are those of a run from a store vLLM captured of the same samples (a DATA_DIR listed in
+    id order, captured with the training's token budget), and nothing but the run is written."""
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    target = tmp_path / "llama"
+    _llama().float().eval().save_pretrained(target)
+    data = Path(zoo.write_data_dir(tmp_path / "data", sizes=(("train", 12), ("holdout", 2)), id_digits=3))
+    common = ["--target", str(target), "--max-steps", "4", "--token-budget", "256", "--checkpoint-every", "2",
+              "--lr", "1e-3", "--ttt-steps", "2", "--eval-batches", "1", "--layer-ids", ",".join(map(str, LAYER_IDS))]
+    store = tmp_path / "features"
+    done = _eyas("capture", "--target", str(target), "--data", str(data), "--out", str(store), "--dtype", "bf16",
+                 "--token-budget", "256", "--layer-ids", ",".join(map(str, LAYER_IDS)), "--engine", "vllm",
+                 "--vllm-python", _vllm_python())
+    assert done.returncode == 0, done.stderr[-2000:]
+    common = [c for c in common if c not in ("--layer-ids", ",".join(map(str, LAYER_IDS)))]
+    offline = _eyas("train", "--features", str(store), "--out", str(tmp_path / "offline"), *common)
+    assert offline.returncode == 0, offline.stderr[-2000:]
+    before = set(Path("/dev/shm").iterdir()) if Path("/dev/shm").is_dir() else set()
+    streamed = _eyas("train", "--data", str(data), "--stream", "--stream-engine", "vllm", "--vllm-python",
+                     _vllm_python(), "--out", str(tmp_path / "streamed"), "--layer-ids", ",".join(map(str, LAYER_IDS)),
+                     *common)
+    assert streamed.returncode == 0, streamed.stderr[-2000:]
+    assert "runs the target with vLLM" in streamed.stdout
+    a, b = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("offline", "streamed"))
+    worst = max(float((a[name] - b[name]).abs().max()) for name in a)
+    print(f"streamed from vLLM vs offline from vLLM's store: largest weight difference {worst:.3g}")
+    assert worst == 0.0
+    if before or Path("/dev/shm").is_dir():
+        assert set(Path("/dev/shm").iterdir()) == before  # the worker's files are gone with it
+
+
+@pytest.mark.parametrize("killed", ["producer", "trainer"])
+def test_a_vllm_stream_killed_resumes_identical_and_leaves_no_worker(tmp_path, killed):
+    """kill -9 of the producer (the trainer ends in one line after a checkpoint) or of the trainer (its producer, and
+    the producer's vLLM worker, go with it): --resume ends with the uninterrupted run's weights."""
+    import signal
+    import time
+
+    torch.manual_seed(0)
+    target = tmp_path / "llama"
+    _llama().float().eval().save_pretrained(target)
+    data = Path(zoo.write_data_dir(tmp_path / "data", sizes=(("train", 12), ("holdout", 2)), id_digits=3))
+    args = ["train", "--target", str(target), "--data", str(data), "--stream", "--stream-engine", "vllm",
+            "--vllm-python", _vllm_python(), "--max-steps", "24", "--token-budget", "256", "--checkpoint-every", "2",
+            "--lr", "1e-3", "--ttt-steps", "2", "--eval-batches", "1", "--layer-ids", ",".join(map(str, LAYER_IDS))]
+    clean = _eyas(*args, "--out", str(tmp_path / "clean"))
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    run = tmp_path / "killed"
+    process = subprocess.Popen([sys.executable, "-m", "eyas", *args, "--out", str(run)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    producer = next(int(line.split("(pid ")[1].split(")")[0]) for line in process.stdout
+                    if line.startswith("stream: the producer (pid "))
+    end = time.monotonic() + 600
+    while not (run / "checkpoints" / "step-00000004").is_dir():
+        assert time.monotonic() < end and process.poll() is None, "no step-4 checkpoint"
+        time.sleep(0.05)
+    workers = _worker_pids()
+    assert workers, "no vLLM worker running"
+    os.kill(producer if killed == "producer" else process.pid, signal.SIGKILL)
+    rest = process.stdout.read()
+    code = process.wait()
+    if killed == "producer":
+        assert code == 2 and f"the stream's producer (pid {producer}) was killed by signal 9" in rest, rest[-3000:]
+        errors = [line for line in rest.splitlines() if line.startswith("error:")]  # (vLLM's log has its own traces)
+        assert len(errors) == 1 and "checkpointed at step" in errors[0], rest[-3000:]
+    end = time.monotonic() + 120
+    while set(_worker_pids()) & set(workers):  # its stdin closed, the worker ends (and its engine with it)
+        assert time.monotonic() < end, "the vLLM worker outlived its producer"
+        time.sleep(0.5)
+    resumed = _eyas(*args, "--out", str(run), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    zoo.assert_same_final_weights(tmp_path / "clean", run)
+
+
+def _worker_pids() -> list[int]:
+    done = subprocess.run(["pgrep", "-f", "vllm_worker.py"], capture_output=True, text=True)
+    return [int(pid) for pid in done.stdout.split()]

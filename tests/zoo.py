@@ -220,8 +220,10 @@ def save_chat_target(directory, num_hidden_layers: int = LAYERS):
     return directory
 
 
-def write_data_dir(directory, sizes=(("train", 24), ("holdout", 4)), seed: int = 0, draft_vocab_size: int = 128) -> str:
-    """A DATA_DIR with random token ids (as `eyas prepare` would write), lengths 5..60."""
+def write_data_dir(directory, sizes=(("train", 24), ("holdout", 4)), seed: int = 0, draft_vocab_size: int = 128,
+                   id_digits: int = 0) -> str:
+    """A DATA_DIR with random token ids (as `eyas prepare` would write), lengths 5..60; ``id_digits``: sample ids
+    zero-padded to that many digits (then the files' order is the ids' order)."""
     import json
     from pathlib import Path
 
@@ -237,7 +239,7 @@ def write_data_dir(directory, sizes=(("train", 24), ("holdout", 4)), seed: int =
             length = int(rng.integers(5, 61))
             ids = rng.integers(1, VOCAB, size=length).astype(np.int32)
             mask = (rng.random(length) < 0.6).astype(np.uint8)
-            samples.append(Sample(f"{split}-{i}", ids, mask))
+            samples.append(Sample(f"{split}-{i:0{id_digits}d}", ids, mask))
         write_samples(samples, directory / f"{split}.parquet")
     from eyas.data.samples import read_samples
     from eyas.data.vocab import build_draft_vocab, count_masked_tokens, save_vocab

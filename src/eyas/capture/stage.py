@@ -17,7 +17,7 @@ from pathlib import Path
 
 from eyas.capture.options import CaptureOptions
 from eyas.data.fits_target import require_data_fits
-from eyas.data.samples import batch_inputs, read_samples
+from eyas.data.samples import read_samples
 from eyas.data.vocab import VOCAB_FILE
 from eyas.distributed import barrier, init_distributed
 from eyas.errors import EyasError
@@ -28,7 +28,7 @@ from eyas.outputs import StageOut, human_bytes
 from eyas.progress import progress_bar
 from eyas.store.async_writer import ShardWriterPool
 from eyas.store.plan import ShardPlan, plan_shards
-from eyas.store.shards import DTYPES, ShardRecord, StoreManifest, bytes_per_token, pack_states, shard_name, write_shard
+from eyas.store.shards import DTYPES, ShardRecord, StoreManifest, bytes_per_token, shard_name, write_shard
 from eyas.target.facts import target_facts, target_input
 from eyas.target.fingerprint import weights_fingerprint
 from eyas.target.layer_ids import resolve_layer_ids
@@ -281,21 +281,15 @@ def _state_source(options: CaptureOptions, inputs: _Inputs, work: _Work, device,
         from eyas.capture.vllm_states import vllm_states
 
         return vllm_states(options, inputs.source, layer_ids, inputs.num_layers, work.todo, samples)
-    from eyas.target import capture_hidden_states, load_target
+    from eyas.capture.batch import capture_batch
+    from eyas.target import load_target
 
     target = loaded or load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
-    layers = len(layer_ids)
 
     def states(split: str, plan: ShardPlan):
         """One Pack per batch: capture on the device, drop the padding there, cast or quantise there."""
         for batch in plan.batches:
-            rows = [samples[split][i] for i in batch]
-            ids, mask = batch_inputs(rows)
-            captured = capture_hidden_states(target.model, target.layout, ids, attention_mask=mask, layer_ids=layer_ids,
-                                             offload=False)
-            real = mask.to(captured.aux.device).bool()  # right padding: row-major order keeps samples in sequence
-            yield pack_states([r.input_ids for r in rows], [r.loss_mask for r in rows], captured.aux[real],
-                              captured.final[real], options.dtype, layers)
+            yield capture_batch(target, [samples[split][i] for i in batch], layer_ids, options.dtype)
 
     return states
 

@@ -178,11 +178,12 @@ def split_states(
 class _Worker:
     """The worker subprocess, its log forwarded to our stderr and its tail kept for errors."""
 
-    def __init__(self, command: list[str]):
+    def __init__(self, command: list[str], requests_on_stdin: bool = False):
         self.tail: deque[str] = deque(maxlen=_LOG_TAIL)
         # Own session: on cleanup the worker and the engine processes vLLM starts go together.
         self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+            stdin=subprocess.PIPE if requests_on_stdin else None,
         )
         self._reader = threading.Thread(target=self._forward, daemon=True)
         self._reader.start()
@@ -280,6 +281,66 @@ def capture_with_vllm(
         raise
     finally:
         worker.stop()  # also when the consumer stops early: no vLLM process outlives the generator
+
+
+class VllmSession:
+    """A vLLM worker kept running for requests sent as they are needed (its ``--requests -``): the producer of a stream
+    (:mod:`eyas.train.stream`) asks it for one batch of samples at a time, so vLLM captures no further ahead than the
+    trainer's buffer allows. Each sample's file is deleted once read: ``workdir`` (in shared memory where the host has
+    it) holds one batch at most."""
+
+    def __init__(self, target_source: str, layer_ids: tuple[int, ...], num_layers: int, vllm_python: str | None,
+                 workdir: Path, engine: dict | None, max_model_len: int):
+        python = resolve_vllm_python(vllm_python)
+        check_vllm_python(python)
+        source = resolve_target(target_source)
+        self.tapped = worker_layer_ids(tuple(layer_ids), num_layers)
+        self.taps = Taps(layer_ids, num_layers)
+        self.norm = load_final_norm(source, num_layers)
+        self.states_dir = Path(workdir) / "states"
+        self.index = IndexReader(self.states_dir / "index.jsonl")
+        self.sent = 0  # requests sent: each gets a fresh id, as a sample recurs every epoch
+        command = [
+            python, str(WORKER), "--model", source, "--requests", "-", "--max-model-len", str(max_model_len),
+            "--layer-ids", ",".join(map(str, self.tapped)), "--out", str(self.states_dir),
+            "--engine-args", json.dumps(engine or {}),
+        ]  # fmt: skip
+        self.worker = _Worker(command, requests_on_stdin=True)
+
+    def capture(self, samples: list[tuple[str, np.ndarray]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each sample's (aux [T, k·H], final [T, H]), captured in one generate() call, in order."""
+        names = []
+        for sample_id, input_ids in samples:
+            names.append(f"{self.sent}:{sample_id}")
+            self.sent += 1
+            self._send(json.dumps({"id": names[-1], "input_ids": np.asarray(input_ids).tolist()}) + "\n")
+        self._send("\n")  # the group ends: capture it now
+        out = []
+        for name, (sample_id, input_ids) in zip(names, samples, strict=True):
+            entry = _wait_for(name, self.index, self.worker)
+            hidden, tokens = load_worker_states(self.states_dir, entry)
+            (self.states_dir / entry["file"]).unlink()
+            if not np.array_equal(tokens.numpy(), np.asarray(input_ids)):
+                raise EyasError(f"sample {sample_id!r}: vLLM returned states for other tokens ({tokens.numel()} vs "
+                                f"{len(input_ids)})")
+            out.append(split_states(hidden, self.tapped, self.taps, self.norm.to(hidden.dtype)))
+        return out
+
+    def _send(self, text: str) -> None:
+        try:
+            self.worker.process.stdin.write(text)
+            self.worker.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            code = self.worker.process.wait(timeout=30)
+            raise EyasError(f"the vLLM worker exited (status {code}); the end of its log:\n{self.worker.log_tail()}") \
+                from None
+
+    def close(self) -> None:
+        """End the worker and remove its files."""
+        with contextlib.suppress(OSError):
+            self.worker.process.stdin.close()
+        self.worker.stop()
+        shutil.rmtree(self.states_dir.parent, ignore_errors=True)
 
 
 def _discard_if_nothing_captured(workdir: Path, index: IndexReader) -> None:

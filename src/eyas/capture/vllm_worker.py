@@ -4,6 +4,7 @@ A standalone script for the vLLM environment (it never imports eyas): eyas runs 
 subprocess with the Python that has vLLM, for targets too large to load through HF.
 
     python vllm_worker.py --model DIR --requests REQ.jsonl --layer-ids 2,15,27,30 --out DIR
+    python vllm_worker.py --model DIR --requests - --max-model-len L ...   # requests on stdin, in groups
 
 Each request line is ``{"id": str, "input_ids": [int, ...]}``; every request becomes one prefill
 (``max_tokens=1``, fed as token ids, so the tokenization is exactly the caller's). vLLM copies
@@ -52,7 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description="Capture hidden states with vLLM's extract_hidden_states method.")
     parser.add_argument("--model", required=True, help="HF model directory or hub id")
-    parser.add_argument("--requests", required=True, type=Path, help='JSONL: {"id": str, "input_ids": [int, ...]}')
+    parser.add_argument("--requests", required=True, type=Path,
+                        help='JSONL: {"id": str, "input_ids": [int, ...]}; - reads them from stdin, each group ended '
+                        "by an empty line (a stream: eyas train --stream)")
     parser.add_argument("--layer-ids", required=True, help="vLLM layer ids, e.g. 2,15,27,30 (N = pre-norm last layer)")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--engine-args", default="{}", type=json.loads,
@@ -276,9 +279,13 @@ def collect(output, sample_id: str, input_ids: list[int], order: list[int], expe
 
 
 def run(args: argparse.Namespace) -> int:
-    """Capture every request not yet in the index; returns the number captured now."""
+    """Capture every request not yet in the index (``--requests -``: each group stdin sends); returns the number
+    captured now."""
     layer_ids = parse_layer_ids(args.layer_ids)
-    requests = read_requests(args.requests)
+    streamed = str(args.requests) == "-"
+    if streamed and not args.max_model_len:
+        raise SystemExit("vllm_worker: --requests - (requests on stdin) needs --max-model-len")
+    requests = [] if streamed else read_requests(args.requests)
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
 
@@ -291,43 +298,74 @@ def run(args: argparse.Namespace) -> int:
     check_meta(args.out, {"model": args.model, "layer_ids": layer_ids, "engine": settings})
     done = finished_ids(args.out)
     pending = [(i, ids) for i, ids in requests if i not in done]
-    log(f"{len(requests)} requests, {len(requests) - len(pending)} already captured, {len(pending)} to go")
-    if not pending:
-        return 0
+    if not streamed:
+        log(f"{len(requests)} requests, {len(requests) - len(pending)} already captured, {len(pending)} to go")
+        if not pending:
+            return 0
+    max_len = args.max_model_len or max(len(ids) for _, ids in pending) + 8
+    llm, order, expect = start_engine(args, layer_ids, max_len, on_cpu, settings, notes)
+    started, captured = time.perf_counter(), [0, 0]  # requests, tokens
+    groups = stdin_groups() if streamed else (pending[i : i + args.batch_size] for i in range(0, len(pending), args.batch_size))
+    with open(args.out / "index.jsonl", "a", encoding="utf-8") as index:
+        for batch in groups:
+            capture_group(llm, batch, order, expect, args.out, index, captured)
+            if not streamed:
+                rate = captured[1] / max(time.perf_counter() - started, 1e-9)
+                log(f"{len(requests) - len(pending) + captured[0]}/{len(requests)} requests captured ({rate:.0f} tokens/s)")
+    return captured[0]
 
+
+def start_engine(args: argparse.Namespace, layer_ids: list[int], max_len: int, on_cpu: bool, settings: dict,
+                 notes: list) -> tuple:
+    """vLLM's engine with the hidden-states connector → (llm, the order of the ids as given among vLLM's, ids tapped)."""
     # vLLM sorts and de-duplicates the ids it taps and returns states in that order.
     vllm_ids = sorted(layer_ids)
     order = [vllm_ids.index(i) for i in layer_ids]
-    max_len = args.max_model_len or max(len(ids) for _, ids in pending) + 8
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # without it the CPU build reserves most of RAM
     if on_cpu:
         install_plugin(args.out)
     storage = args.out.resolve() / ".vllm_raw"  # absolute: the engine processes resolve it too
     shutil.rmtree(storage, ignore_errors=True)  # leftovers of a killed run; their ids never recur
     started = time.perf_counter()
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     kwargs = engine_kwargs(args, vllm_ids, storage, max_len, on_cpu, settings)
     write_json(args.out / ENGINE_FILE, {"llm_args": kwargs, "defaults": notes})
     llm = LLM(**kwargs)
     log(f"engine ready in {time.perf_counter() - started:.1f} s ({'CPU connector' if on_cpu else STOCK_CONNECTOR})")
+    return llm, order, len(vllm_ids)
+
+
+def stdin_groups():
+    """``--requests -``: the requests stdin sends, one JSON line each, a group ended by an empty line (then captured
+    at once), until stdin closes."""
+    group: list[tuple[str, list[int]]] = []
+    for line in sys.stdin:
+        if line.strip():
+            record = json.loads(line)
+            group.append((str(record["id"]), [int(t) for t in record["input_ids"]]))
+        elif group:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def capture_group(llm, batch: list[tuple[str, list[int]]], order: list[int], expect: int, out: Path, index,
+                  captured: list[int]) -> None:
+    """One generate() over ``batch``: each request's states written to ``out`` and listed in ``index``."""
+    from vllm import SamplingParams
+
     sampling = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-    captured, tokens_done, started = 0, 0, time.perf_counter()
-    with open(args.out / "index.jsonl", "a", encoding="utf-8") as index:
-        for start in range(0, len(pending), args.batch_size):
-            batch = pending[start : start + args.batch_size]
-            outputs = llm.generate([{"prompt_token_ids": ids} for _, ids in batch], sampling, use_tqdm=False)
-            for (sample_id, ids), output in zip(batch, outputs, strict=True):
-                states, tokens = collect(output, sample_id, ids, order, len(vllm_ids))
-                name = save_request(args.out, sample_id, states, tokens)
-                index.write(json.dumps({"id": sample_id, "file": name, "tokens": len(ids)}) + "\n")
-                index.flush()
-                os.fsync(index.fileno())  # a killed worker must not list a request it did not finish
-                captured += 1
-                tokens_done += len(ids)
-            rate = tokens_done / max(time.perf_counter() - started, 1e-9)
-            log(f"{len(requests) - len(pending) + captured}/{len(requests)} requests captured ({rate:.0f} tokens/s)")
-    return captured
+    outputs = llm.generate([{"prompt_token_ids": ids} for _, ids in batch], sampling, use_tqdm=False)
+    for (sample_id, ids), output in zip(batch, outputs, strict=True):
+        states, tokens = collect(output, sample_id, ids, order, expect)
+        name = save_request(out, sample_id, states, tokens)
+        index.write(json.dumps({"id": sample_id, "file": name, "tokens": len(ids)}) + "\n")
+        index.flush()
+        os.fsync(index.fileno())  # a killed worker must not list a request it did not finish
+        captured[0] += 1
+        captured[1] += len(ids)
 
 
 def log(message: str) -> None:

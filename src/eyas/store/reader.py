@@ -20,6 +20,16 @@ from eyas.store import fp8
 from eyas.store.shards import StoreManifest
 
 
+def decode_stored(values: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor:
+    """States in storage form ``values`` [..., W] (with their fp8 ``scale`` [..., k]) in ``dtype`` (None: as stored, fp8
+    widened to bf16), where they are: one rule for a store's rows and a stream's (:mod:`eyas.train.stream`)."""
+    if scale is not None:
+        shape = values.shape
+        flat = fp8.dequantize(values.reshape(-1, shape[-1]), scale.reshape(-1, scale.shape[-1]), dtype or torch.bfloat16)
+        return flat.reshape(shape)
+    return values if dtype is None else values.to(dtype)
+
+
 class FeatureStore:
     """Samples of one split: ``store[i]`` → dict(id, input_ids, loss_mask, aux, final)."""
 
@@ -75,11 +85,7 @@ class FeatureStore:
 
     def decode(self, values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         """Stored states ``values`` [..., W] (with their fp8 ``scale`` [..., k]) in the store's read dtype, where they are."""
-        if scale is not None:
-            shape = values.shape
-            flat = fp8.dequantize(values.reshape(-1, shape[-1]), scale.reshape(-1, scale.shape[-1]), self.dtype or torch.bfloat16)
-            return flat.reshape(shape)
-        return values if self.dtype is None else values.to(self.dtype)
+        return decode_stored(values, scale, self.dtype)
 
     def vocab_path(self) -> Path:
         """The draft vocabulary the store was captured with: the store's own copy, or — in a store made before stores

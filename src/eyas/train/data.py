@@ -108,22 +108,36 @@ class OfflineSource:
     def host_batch(self, index: int) -> dict[str, torch.Tensor]:
         """Batch ``index`` padded on the host in storage form (fp8 stays fp8), pinned when training on a GPU: the part
         of loading a :class:`Prefetcher` runs on its thread while the GPU trains."""
-        items = [self.store.stored(i) for i in self.batches[index]]
-        pin = self.device.type == "cuda"
-        width = batch_width(max(len(x["input_ids"]) for x in items), self.multiple)
-        host = {name: _pad_states([x[name] for x in items], width, pin)
-                for name in items[0] if name not in ("id", "input_ids", "loss_mask")}
-        host["input_ids"] = _pin(pad_right([x["input_ids"].numpy() for x in items], torch.long, width), pin)
-        host["loss_mask"] = _pin(pad_right([x["loss_mask"].numpy() for x in items], torch.uint8, width), pin)
-        host["valid"] = _pin(pad_right([np.ones(len(x["input_ids"]), dtype=bool) for x in items], torch.bool, width), pin)
-        return host
+        return padded_host_batch([self.store.stored(i) for i in self.batches[index]], self.multiple,
+                                 self.device.type == "cuda")
 
     def to_device(self, host: dict[str, torch.Tensor]) -> Batch:
         """A :meth:`host_batch` on the training device (asynchronous copies from pinned memory), decoded there."""
-        moved = {name: tensor.to(self.device, non_blocking=True) for name, tensor in host.items()}
-        states = {name: self.store.decode(moved[name], moved.get(f"{name}_scale")).to(self.dtype) for name in ("aux", "final")}
-        return Batch(aux=states["aux"], final=states["final"], input_ids=moved["input_ids"], loss_mask=moved["loss_mask"],
-                     valid=moved["valid"], count=int(host["valid"].sum()))
+        return host_batch_to_device(host, self.device, self.dtype)
+
+
+def padded_host_batch(items: list[dict], multiple: int, pin: bool) -> dict[str, torch.Tensor]:
+    """Samples in storage form (each a dict of input_ids, loss_mask, aux, final [, aux_scale, final_scale]: a store's
+    rows or a stream's) as one host batch: right-padded with zeros to the longest rounded up to ``multiple``, with its
+    ``valid`` mask; pinned when ``pin``. One rule for every source that carries stored states."""
+    width = batch_width(max(len(x["input_ids"]) for x in items), multiple)
+    host = {name: _pad_states([x[name] for x in items], width, pin)
+            for name in items[0] if name not in ("id", "input_ids", "loss_mask")}
+    host["input_ids"] = _pin(pad_right([x["input_ids"].numpy() for x in items], torch.long, width), pin)
+    host["loss_mask"] = _pin(pad_right([x["loss_mask"].numpy() for x in items], torch.uint8, width), pin)
+    host["valid"] = _pin(pad_right([np.ones(len(x["input_ids"]), dtype=bool) for x in items], torch.bool, width), pin)
+    return host
+
+
+def host_batch_to_device(host: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> Batch:
+    """A :func:`padded_host_batch` on ``device`` (asynchronous copies from pinned memory), its states decoded there
+    into ``dtype``."""
+    from eyas.store.reader import decode_stored
+
+    moved = {name: tensor.to(device, non_blocking=True) for name, tensor in host.items()}
+    states = {name: decode_stored(moved[name], moved.get(f"{name}_scale"), dtype).to(dtype) for name in ("aux", "final")}
+    return Batch(aux=states["aux"], final=states["final"], input_ids=moved["input_ids"], loss_mask=moved["loss_mask"],
+                 valid=moved["valid"], count=int(host["valid"].sum()))
 
 
 class Prefetcher:
@@ -158,20 +172,26 @@ class Prefetcher:
             self.queue.clear()
 
 
+def planned_split(data_dir: Path, split: str, token_budget: int, multiple: int) -> tuple[list, list[tuple[int, ...]]]:
+    """DATA_DIR's ``split`` in canonical order (by sample id) and its batches (:func:`plan_batches`): what every source
+    that reads DATA_DIR trains on — online, and both ends of a stream (:mod:`eyas.train.stream`)."""
+    from eyas.data.samples import read_samples
+
+    samples = sorted(read_samples(Path(data_dir) / f"{split}.parquet"), key=lambda s: s.id)
+    return samples, plan_batches([len(s.input_ids) for s in samples], token_budget, multiple)
+
+
 class OnlineSource:
     """Batches whose target states are captured now, in this process: nothing touches the disk."""
 
     def __init__(self, target, data_dir: Path, split: str, layer_ids, token_budget: int, device, dtype,
                  multiple: int | None = None):
-        from eyas.data.samples import read_samples
-
         self.target, self.layer_ids = target, tuple(layer_ids)
-        self.samples = sorted(read_samples(Path(data_dir) / f"{split}.parquet"), key=lambda s: s.id)  # canonical order
-        self.ids = [s.id for s in self.samples]
         self.device, self.dtype = device, dtype
         self.multiple = width_multiple(device) if multiple is None else multiple
+        self.samples, self.batches = planned_split(data_dir, split, token_budget, self.multiple)
+        self.ids = [s.id for s in self.samples]
         self.lengths = [len(s.input_ids) for s in self.samples]  # each sample's tokens, in this order
-        self.batches = plan_batches(self.lengths, token_budget, self.multiple)
 
     def batch(self, index: int) -> Batch:
         """Batch ``index`` of the plan, with states captured by the live target."""

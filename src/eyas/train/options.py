@@ -22,6 +22,8 @@ from eyas.options import (
     one_of,
     option,
     remote_code,
+    vllm_args_option,
+    vllm_python_option,
     within,
 )
 
@@ -59,6 +61,21 @@ class CommonTrainOptions(Options):
     keep: int = option(3, "checkpoints kept (the oldest are deleted)", check=at_least(1))
     seed: int = option(0, "seed of the drafter's initialisation and the batch order", check=SEED)
     fsdp: bool = option(False, "under torchrun: shard the drafter over ranks with FSDP2 (for drafters of very large targets)")
+    stream: bool = option(False, "capture while training, with no feature store: a producer process runs the target over "
+                          "--data DATA_DIR in the order the trainer takes the batches and hands their states over through "
+                          "a bounded shared-memory buffer; only checkpoints are written. The weights are an offline "
+                          "run's from a store captured in the same batches at --stream-dtype")
+    stream_dtype: str = option("bf16", "--stream: the precision the states travel in, as capture's --dtype (bf16, fp16, "
+                               "fp32, or fp8: e4m3 with a per-token scale)", check=one_of("bf16", "fp16", "fp32", "fp8"))
+    stream_depth: int = option(4, "--stream: training batches the producer may capture ahead of the trainer (the "
+                               "buffer; a full one holds the producer back)", check=at_least(1))
+    producer_device: str | None = option(None, "--stream: where the producer runs the target with HF (default: the "
+                                         "trainer's device; e.g. cuda:1, or cuda to spread a large target over every "
+                                         "GPU)")
+    stream_engine: str = option("hf", "--stream: what runs the target: hf (transformers, in the producer) or vllm "
+                                "(eyas' vLLM capture worker, asked for one batch at a time)", check=one_of("hf", "vllm"))
+    vllm_python: str | None = vllm_python_option()
+    vllm_args: list[str] = vllm_args_option("--stream-engine vllm")
     layer_ids: tuple[int, ...] | None = option(None, "online only: eyas layer ids (default 2, N//2, N-3, for either "
                                                "family: the taps one capture stores)",
                                                check=each(at_least(0)))
@@ -91,11 +108,13 @@ TrainOptions = dataclasses.make_dataclass(
 # What `--resume` may change: when the run ends (the step limit; the learning-rate schedule then stretches to the new
 # total), how often it checkpoints and how many it keeps, how it is distributed (the number of processes too, with
 # --grad-accum keeping a step's micro-batches: eyas.train.resume) and what code it may run, how the
-# TTT steps attend (the same result), and where RUN_DIR now lies. Any other change (lr, TTT steps, batching, seed,
+# TTT steps attend (the same result), where a stream's producer runs and how far ahead it may capture (the same
+# batches), and where RUN_DIR now lies. Any other change (lr, TTT steps, batching, seed,
 # eval size, drafter shape, layer ids, the target) would make RUN_DIR describe a run that never happened: it is refused.
 # The data (--features / --data / --online) is compared by content, not by path: a moved DATA_DIR or FEATURES_DIR
 # resumes.
-RESUMABLE = frozenset({"out", "max_steps", "epochs", "checkpoint_every", "keep", "fsdp", "trust_remote_code", "attention"})
+RESUMABLE = frozenset({"out", "max_steps", "epochs", "checkpoint_every", "keep", "fsdp", "trust_remote_code", "attention",
+                       "stream_depth", "producer_device", "vllm_python"})
 DATA_OPTIONS = ("features", "data", "online")
 
 

@@ -27,6 +27,7 @@ from eyas.errors import EyasError
 from eyas.out_lock import one_writer
 from eyas.outputs import StageOut
 from eyas.progress import progress_bar
+from eyas.train.stream.source import StreamEnded
 from eyas.train.checks import check_drafter
 from eyas.train.checkpoint import (checkpoint_state, full_model_state, latest_checkpoint, load_checkpoint, run_bytes,
                                    save_checkpoint)
@@ -129,12 +130,15 @@ def train(options: TrainOptions, loaded=None) -> TrainReport:
     # 1. --out is checked, and a resume judged against the run's record, before the target is loaded or anything is written
     resume = _resume_point(options, rank == 0)
     run = _start(options, loaded, resume, rank, world, device)
-    # 2. the run's directory, and where the run stands: from the checkpoint, or a first evaluation at step 0
-    _restore(run, resume)
-    # 3. the steps, each with its metrics line, and a checkpoint every --checkpoint-every steps or when asked to stop
-    _steps(run)
-    # 4. the final weights and report.json, unless a stop request ended the run early (then --resume continues it)
-    return _finish(run)
+    try:
+        # 2. the run's directory, and where the run stands: from the checkpoint, or a first evaluation at step 0
+        _restore(run, resume)
+        # 3. the steps, each with its metrics line, and a checkpoint every --checkpoint-every steps or when asked to stop
+        _steps(run)
+        # 4. the final weights and report.json, unless a stop request ended the run early (then --resume continues it)
+        return _finish(run)
+    finally:
+        run.setup.close()  # a stream's producer stops with the run
 
 
 def _resume_point(options: TrainOptions, lead: bool) -> _Resume:
@@ -169,6 +173,9 @@ def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int
     check that can refuse the run."""
     out = Path(options.out)
     check_drafter(options, device, world)  # before the target's weights are read: the family's validation, memory
+    if options.stream and world > 1:
+        raise EyasError("--stream feeds one training process: run eyas train --stream without torchrun (the producer "
+                        "may use other GPUs: --producer-device), or capture a store and train from it under torchrun")
     target = target_identity(options)
     changes = resume_changes(resume.recorded, options, resume.at, out, target, world) if resume.recorded is not None else {}
     setup = setup_training(options, device, loaded, target)
@@ -238,6 +245,8 @@ def _steps(run: _Run) -> None:
     bar_name = "train" if world == 1 else f"train (rank {rank}/{world})"
     with StopRequests() as stop, progress_bar(bar_name, total=run.total_steps, unit="step") as bar, \
             contextlib.closing(Prefetcher(run.setup.source)) as loader:
+        if hasattr(run.setup.source, "start"):  # a stream: its producer captures from this data position on
+            run.setup.source.start(options.seed, run.epoch, run.index, rank, world)
         upcoming = [next(stream) for _ in range(run.per_step)]
         loader.ahead(i for _, _, i in upcoming[rank::world])
         bar(run.step)
@@ -245,13 +254,23 @@ def _steps(run: _Run) -> None:
             global_items = upcoming  # every rank walks the same global order
             upcoming = [next(stream) for _ in range(run.per_step)]
             loader.ahead(i for _, _, i in upcoming[rank::world])
+            before = run.epoch, run.index
             run.epoch, run.index = global_items[-1][0], global_items[-1][1]  # data position after this step
-            tokens, tallies, grad_norm = _step(run, loader, global_items[rank::world])
+            try:
+                tokens, tallies, grad_norm = _step(run, loader, global_items[rank::world])
+            except StreamEnded as ended:  # no batch will come: what the finished steps trained is kept
+                run.epoch, run.index = before
+                raise EyasError(_stream_ended(run, ended, time.perf_counter() - started)) from None
             segment_tokens += tokens
             accuracy = _record(run, tokens, tallies, grad_norm, segment_tokens / max(time.perf_counter() - started, 1e-9))
             _check_learning(run)
             stopping = stop.agreed() and run.step < run.total_steps  # every rank stops after the same step
-            _log_and_checkpoint(run, stopping, time.perf_counter() - started)
+            try:
+                _log_and_checkpoint(run, stopping, time.perf_counter() - started)
+            except StreamEnded as ended:  # its holdout never came: the step is kept, unevaluated
+                if run.lead:
+                    run.metrics.write(run.record)
+                raise EyasError(_stream_ended(run, ended, time.perf_counter() - started)) from None
             bar(1)
             bar.note(f"loss {run.record['loss']:.3f} acc₀ {accuracy[0]:.3f} {run.record['tokens_per_s']:,.0f} tok/s")
             if stopping:
@@ -322,6 +341,17 @@ def _check_learning(run: _Run) -> None:
         print(f"warning: {what.format('stays')} (the batches not seen may hold some)", flush=True)
 
 
+def _stream_ended(run: _Run, ended: Exception, segment_seconds: float) -> str:
+    """A stream's producer is gone mid-step: the finished steps checkpointed (unless the last one was) → the line that
+    ends the run."""
+    latest = latest_checkpoint(run.out)
+    if run.step and (latest is None or checkpoint_state(latest)["step"] != run.step):
+        _save_checkpoint(run, segment_seconds)
+        latest = latest_checkpoint(run.out)
+    kept = f"checkpointed at step {checkpoint_state(latest)['step']}" if latest is not None else "has no checkpoint yet"
+    return f"{ended}; {run.out} {kept}: rerun the command with --resume to continue it"
+
+
 def _log_and_checkpoint(run: _Run, stopping: bool, segment_seconds: float) -> None:
     """The step's evaluation (at a checkpoint), its metrics line, and the checkpoint: every --checkpoint-every steps,
     at the last step, or when stopping."""
@@ -333,6 +363,12 @@ def _log_and_checkpoint(run: _Run, stopping: bool, segment_seconds: float) -> No
         run.metrics.write(run.record)  # before the checkpoint: a resume drops lines newer than its checkpoint
     if not checkpoint:
         return
+    _save_checkpoint(run, segment_seconds)
+
+
+def _save_checkpoint(run: _Run, segment_seconds: float) -> None:
+    """A checkpoint of the run after its last step: weights, optimizer, data position and the totals a resume counts on."""
+    options = run.options
     totals = {"tokens": run.report.tokens, "seconds": run.earlier_seconds + segment_seconds,
               "initial_eval": run.report.initial_eval, "counted": run.counted}  # what a resume must not count from zero
     drafter = run.setup.drafter

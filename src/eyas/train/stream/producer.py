@@ -1,0 +1,209 @@
+"""The producer's process: the target on its device, DATA_DIR's batches captured in the trainer's order.
+
+It waits for the trainer's commands on one queue: ``("stop",)``, ``("holdout", b)`` (capture holdout batch ``b`` now, answered on the
+holdout queue) and ``("train", seed, epoch, index, rank, world)`` (from that data position on, capture this rank's
+share of the global batch order — :func:`eyas.train.data.batches_forever` — into the batches queue, at most
+``depth`` ahead of the trainer: a full queue holds the producer back, serving holdout requests while it waits).
+Everything it sends is ``(kind, key, payload)``: ``("train", (epoch, index, batch), payload)``,
+``("holdout", b, payload)``, or ``("error", None, one line)`` when it fails. It dies with the trainer (the parent's
+death signal on Linux, and a check of its parent while it waits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+
+from eyas.errors import EyasError
+
+WAIT_S = 0.1  # how often a waiting producer checks for requests and for its parent
+
+
+@dataclass(frozen=True)
+class ProducerSpec:
+    """What the producer captures: the target (and where), DATA_DIR, the taps, the batches' plan and the storage
+    dtype (picklable: it crosses to the spawned process)."""
+
+    target: str
+    device: str
+    data: str
+    layer_ids: tuple[int, ...]
+    token_budget: int
+    multiple: int
+    dtype: str
+    trust_remote_code: bool
+    holdout: bool
+    engine: str = "hf"  # or vllm: eyas' vLLM capture worker (:class:`eyas.capture.vllm_client.VllmSession`)
+    vllm_python: str | None = None
+    vllm_engine: dict | None = None  # the LLM(...) arguments asked for
+
+
+def payload(pack) -> dict:
+    """A captured :class:`eyas.store.shards.Pack` as it travels: its host tensors (moved to shared memory by the
+    queue) and each sample's length."""
+    if pack.ready is not None:  # copies from the GPU still in flight
+        pack.ready.synchronize()
+    return {"lengths": list(pack.lengths), "tensors": pack.tensors}
+
+
+def items(message: dict) -> list[dict]:
+    """A :func:`payload` as per-sample dicts in storage form (views, no copy): what a store's rows look like."""
+    out, start = [], 0
+    for length in message["lengths"]:
+        out.append({name: tensor[start:start + length] for name, tensor in message["tensors"].items()})
+        start += length
+    return out
+
+
+def produce(spec: ProducerSpec, commands, batches, holdouts) -> None:
+    """The producer process's body (spawned by :class:`eyas.train.stream.source.Stream`)."""
+    _die_with_parent()
+    parent = os.getppid()
+    try:
+        _serve(spec, commands, batches, holdouts, parent)
+    except (_ParentGone, _Stopped):
+        return
+    except BaseException as err:  # one line for the trainer (it ends the run with it), the trace on stderr
+        traceback.print_exc(file=sys.stderr)
+        line = str(err) if isinstance(err, EyasError) else f"{type(err).__name__}: {err}"
+        for channel in (batches, holdouts):  # whichever the trainer is waiting on
+            channel.put(("error", None, line))
+            channel.close()
+            channel.join_thread()
+        sys.exit(1)
+
+
+class _ParentGone(Exception):
+    pass
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _serve(spec: ProducerSpec, commands, batches, holdouts, parent: int) -> None:
+    import torch
+
+    from eyas.train.data import planned_split
+
+    torch.set_grad_enabled(False)
+    train = planned_split(spec.data, "train", spec.token_budget, spec.multiple)
+    held = planned_split(spec.data, "holdout", spec.token_budget, spec.multiple) if spec.holdout else ([], [])
+    with _capturer(spec, max(len(s.input_ids) for s in [*train[0], *held[0]])) as capture_rows:
+        _Producer(capture_rows, commands, batches, holdouts, parent, train, held).run()
+
+
+class _Producer:
+    """The producer's loop: holdout requests until training starts, then this rank's batches in order, each put into
+    the bounded queue once there is room (requests answered while it waits)."""
+
+    def __init__(self, capture_rows, commands, batches, holdouts, parent: int, train: tuple, held: tuple):
+        self.capture_rows, self.commands, self.batches, self.holdouts = capture_rows, commands, batches, holdouts
+        self.parent, self.train, self.held = parent, train, held
+
+    def capture(self, split: tuple, batch: int) -> dict:
+        samples, plan = split
+        return payload(self.capture_rows([samples[i] for i in plan[batch]]))
+
+    def run(self) -> None:
+        from eyas.train.data import batches_forever
+
+        start = None
+        while start is None:  # holdout requests (the step-0 evaluation) until the trainer says where training starts
+            start = self.serve(self.next_command(block=True))
+        _, seed, epoch, index, rank, world = start
+        for position, (item_epoch, item_index, batch) in enumerate(batches_forever(_Plan(self.train[1]), seed, epoch,
+                                                                                    index)):
+            if position % world != rank:  # the other ranks' share of each step
+                continue
+            self.serve_pending()  # an evaluation waits for no training batch
+            message = ("train", (item_epoch, item_index, batch), self.capture(self.train, batch))
+            while True:  # back-pressure: wait for room, answering holdout requests meanwhile
+                try:
+                    self.batches.put(message, timeout=WAIT_S)
+                    break
+                except queue.Full:
+                    self.serve_pending()
+
+    def serve(self, command) -> tuple | None:
+        """Answer a holdout request; a train command is returned to the caller; a stop ends the producer."""
+        if command[0] == "stop":
+            self.batches.cancel_join_thread()  # what it captured ahead is dropped: exit without waiting for a reader
+            raise _Stopped
+        if command[0] == "holdout":
+            self.holdouts.put(("holdout", command[1], self.capture(self.held, command[1])))
+            return None
+        return command
+
+    def serve_pending(self) -> None:
+        while (pending := self.next_command(block=False)) is not None:
+            self.serve(pending)
+
+    def next_command(self, block: bool):
+        """The trainer's next command (None when none waits and ``block`` is off); a parent gone ends the producer."""
+        while True:
+            try:
+                return self.commands.get(timeout=WAIT_S) if block else self.commands.get_nowait()
+            except queue.Empty:
+                if os.getppid() != self.parent:
+                    raise _ParentGone from None
+                if not block:
+                    return None
+
+
+@contextlib.contextmanager
+def _capturer(spec: ProducerSpec, longest: int):
+    """A function rows → :class:`eyas.store.shards.Pack` of ``spec.dtype``: the target loaded with HF, or a vLLM
+    worker session (stopped, its files removed, when the producer ends)."""
+    if spec.engine == "hf":
+        from eyas.capture.batch import capture_batch
+        from eyas.target import load_target
+
+        target = load_target(spec.target, device=spec.device, trust_remote_code=spec.trust_remote_code)
+        yield lambda rows: capture_batch(target, rows, spec.layer_ids, spec.dtype)
+        return
+    import tempfile
+
+    import torch
+
+    from eyas.capture.vllm_client import VllmSession
+    from eyas.store.shards import pack_states
+    from eyas.target.loading import load_target_config
+
+    config, _ = load_target_config(spec.target, spec.trust_remote_code)
+    layers = int(getattr(config, "text_config", config).num_hidden_layers)
+    shared = "/dev/shm" if os.path.isdir("/dev/shm") else None  # the worker's per-sample files stay in memory
+    workdir = tempfile.mkdtemp(prefix="eyas-stream-", dir=shared)
+    session = VllmSession(spec.target, spec.layer_ids, layers, spec.vllm_python, workdir, spec.vllm_engine, longest + 8)
+    try:
+        def capture_rows(rows):
+            states = session.capture([(r.id, r.input_ids) for r in rows])
+            return pack_states([r.input_ids for r in rows], [r.loss_mask for r in rows],
+                               torch.cat([aux for aux, _ in states]), torch.cat([final for _, final in states]),
+                               spec.dtype, len(spec.layer_ids))
+
+        yield capture_rows
+    finally:
+        session.close()
+
+
+@dataclass
+class _Plan:
+    batches: list
+
+
+def _die_with_parent() -> None:
+    """On Linux, have the kernel kill this process when the trainer dies (kill -9 included)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass

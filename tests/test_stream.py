@@ -1,0 +1,191 @@
+"""eyas train --stream: a producer process captures DATA_DIR in the trainer's order and hands the states over through
+a bounded shared-memory buffer. Streamed weights equal an offline run's from a store captured in the same batches; a
+producer or trainer killed with -9 resumes to the same weights; a full buffer holds the producer back."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from eyas.capture.options import CaptureOptions
+from eyas.capture.stage import capture
+from eyas.errors import EyasError
+from eyas.train.options import TrainOptions
+from eyas.train.trainer import train
+
+BUDGET = 256
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny target and a DATA_DIR whose files list the samples in their ids' order: then a store captured with the
+    training's token budget holds each sample computed in the very batch the trainer's plan puts it in."""
+    root = tmp_path_factory.mktemp("stream")
+    target = zoo.save_tiny_target(root / "target")
+    data = Path(zoo.write_data_dir(root / "data", sizes=(("train", 40), ("holdout", 6)), id_digits=3))
+    return target, data, root
+
+
+def opts(target, out, **overrides):
+    base = dict(target=target, out=Path(out), max_steps=6, token_budget=BUDGET, checkpoint_every=3, lr=1e-3,
+                ttt_steps=3, eval_batches=2)
+    return TrainOptions(**{**base, **overrides})
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_streamed_weights_equal_an_offline_run_from_a_store_of_the_same_batches(setup, tmp_path, dtype):
+    target, data, _ = setup
+    features = tmp_path / "features"
+    capture(CaptureOptions(target=target, data=data, out=features, dtype=dtype, token_budget=BUDGET, max_batch=64))
+    offline = train(opts(target, tmp_path / "offline", features=features))
+    streamed = train(opts(target, tmp_path / "streamed", data=data, stream=True, stream_dtype=dtype))
+    zoo.assert_same_final_weights(tmp_path / "offline", tmp_path / "streamed")
+    assert [m.get("loss") for m in metrics(tmp_path / "offline")] == [m.get("loss") for m in metrics(tmp_path / "streamed")]
+    assert streamed.final_eval == offline.final_eval != {}
+    assert not list((tmp_path / "streamed").rglob("*.parquet")) and not (tmp_path / "streamed" / "features").exists()
+
+
+def test_a_stream_at_fp32_is_the_online_run(setup, tmp_path):
+    """The same batches, captured at full precision: what --online trains on, bit for bit."""
+    target, data, _ = setup
+    train(opts(target, tmp_path / "online", data=data, online=True))
+    train(opts(target, tmp_path / "streamed", data=data, stream=True, stream_dtype="fp32", stream_depth=1))
+    zoo.assert_same_final_weights(tmp_path / "online", tmp_path / "streamed")
+
+
+def _command(target, data, out, *extra):
+    return [sys.executable, "-m", "eyas", "train", "--target", target, "--data", str(data), "--stream", "--out", str(out),
+            "--max-steps", "30", "--token-budget", str(BUDGET), "--checkpoint-every", "2", "--lr", "1e-3",
+            "--ttt-steps", "3", "--eval-batches", "1", *extra]
+
+
+def _producer_pid(process) -> int:
+    """The producer's pid, from the line the trainer prints when it starts it."""
+    for line in process.stdout:
+        if line.startswith("stream: the producer (pid "):
+            return int(line.split("(pid ")[1].split(")")[0])
+    raise AssertionError(f"no producer line; the trainer exited with {process.wait()}")
+
+
+def _wait_for(condition, what: str, seconds: float = 120) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _steps_logged(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    return max((json.loads(line)["step"] for line in path.read_text().splitlines() if line.endswith("}")), default=0) \
+        if path.is_file() else 0
+
+
+def _gone(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in status  # dead, not yet reaped
+
+
+def _reference_and_a_run_to_kill(target, data, tmp_path):
+    """The uninterrupted run (tmp_path/clean), then the same run started as a command → (its RUN_DIR, its process, its
+    producer's pid)."""
+    train(opts(target, tmp_path / "clean", data=data, stream=True, max_steps=30, checkpoint_every=2, eval_batches=1))
+    run = tmp_path / "killed"
+    process = subprocess.Popen(_command(target, data, run), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return run, process, _producer_pid(process)
+
+
+def test_killed_producer_ends_the_run_in_one_line_after_a_checkpoint_and_resume_is_identical(setup, tmp_path):
+    target, data, _ = setup
+    run, process, producer = _reference_and_a_run_to_kill(target, data, tmp_path)
+    _wait_for(lambda: _steps_logged(run) >= 3, "step 3")
+    os.kill(producer, signal.SIGKILL)
+    rest = process.stdout.read()
+    assert process.wait() == 2, rest[-3000:]  # an EyasError
+    line = [x for x in rest.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and f"the stream's producer (pid {producer}) was killed by signal 9" in line[0], rest[-3000:]
+    assert "checkpointed at step" in line[0] and "--resume" in line[0] and "Traceback" not in rest
+    stopped = int(line[0].split("checkpointed at step ")[1].split(":")[0])
+    assert 3 <= stopped < 30 and (run / "checkpoints" / f"step-{stopped:08d}").is_dir()
+    resumed = train(opts(target, run, data=data, stream=True, max_steps=30, checkpoint_every=2, eval_batches=1,
+                         resume=True))
+    assert resumed.resumed_from == stopped and resumed.steps == 30
+    zoo.assert_same_final_weights(tmp_path / "clean", run)
+
+
+def test_killed_trainer_takes_its_producer_along_and_resume_is_identical(setup, tmp_path):
+    target, data, _ = setup
+    run, process, producer = _reference_and_a_run_to_kill(target, data, tmp_path)
+    _wait_for(lambda: (run / "checkpoints" / "step-00000004").is_dir(), "the step-4 checkpoint")
+    process.kill()
+    process.wait()
+    _wait_for(lambda: _gone(producer), "the producer to die with its trainer", 10)
+    resumed = train(opts(target, run, data=data, stream=True, max_steps=30, checkpoint_every=2, eval_batches=1,
+                         resume=True))
+    assert resumed.resumed_from >= 4 and resumed.steps == 30
+    zoo.assert_same_final_weights(tmp_path / "clean", run)
+
+
+def test_a_full_buffer_holds_the_producer_back(setup):
+    """Back-pressure: with nobody taking batches the producer captures --stream-depth of them and waits."""
+    from eyas.train.stream.producer import ProducerSpec
+    from eyas.train.stream.source import Stream
+
+    target, data, _ = setup
+    spec = ProducerSpec(target=target, device="cpu", data=str(data), layer_ids=(1, 2, 3), token_budget=64, multiple=1,
+                        dtype="bf16", trust_remote_code=False, holdout=True)
+    stream = Stream(spec, depth=2)
+    try:
+        stream.start(seed=0, epoch=0, index=0, rank=0, world=1)
+        _wait_for(lambda: stream.batches.qsize() == 2, "two batches captured")
+        time.sleep(1.0)
+        assert stream.batches.qsize() == 2 and stream.process.is_alive()  # waiting, not capturing a third
+        assert stream.holdout(0)["lengths"]  # and still answering the evaluation while it waits
+        stream.receive(stream.batches)
+        _wait_for(lambda: stream.batches.qsize() == 2, "the taken batch replaced")
+    finally:
+        stream.close()
+    assert not stream.process.is_alive()
+
+
+def test_a_producer_that_cannot_start_ends_the_run_in_one_line(setup, tmp_path):
+    target, data, _ = setup
+    with pytest.raises(EyasError, match="the stream's producer failed: .*cuda") as caught:
+        train(opts(target, tmp_path / "run", data=data, stream=True, producer_device="cuda:3"))
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("given, said", [
+    (dict(features="FEATURES"), "without --features or --online"),
+    (dict(online=True), "without --features or --online"),
+])
+def test_stream_refuses_other_sources(setup, tmp_path, given, said):
+    target, data, _ = setup
+    given = {k: (tmp_path / v if v == "FEATURES" else v) for k, v in given.items()}
+    with pytest.raises(EyasError, match=said):
+        train(opts(target, tmp_path / "run", data=data, stream=True, **given))
+
+
+def test_a_streamed_run_resumes_only_as_a_stream(setup, tmp_path):
+    target, data, _ = setup
+    train(opts(target, tmp_path / "run", data=data, stream=True, max_steps=3))
+    with pytest.raises(EyasError, match="without --online|--stream"):
+        train(opts(target, tmp_path / "run", data=data, online=True, max_steps=6, resume=True))
+    with pytest.raises(EyasError, match="--stream-dtype"):
+        train(opts(target, tmp_path / "run", data=data, stream=True, stream_dtype="fp32", max_steps=6, resume=True))
+    torch.manual_seed(0)
+    resumed = train(opts(target, tmp_path / "run", data=data, stream=True, stream_depth=1, max_steps=6, resume=True))
+    assert resumed.resumed_from == 3 and resumed.steps == 6
