@@ -1,8 +1,9 @@
 """``eyas train``: the drafter, trained offline or online, resumable.
 
-One loop: a batch (from FEATURES_DIR, or captured now by the target) → the drafter family's micro-batch (its forward,
-loss and backward: :mod:`eyas.families`) → AdamW (β 0.9/0.95, clip 0.5, linear warm-up then cosine) → metrics,
-checkpoints, the family's holdout evaluation. bf16 autocast with fp32 master weights on GPU, fp32 on CPU.
+One loop: a batch (from FEATURES_DIR, captured now by the target, or streamed by a producer: :mod:`eyas.train.stream`)
+→ the drafter family's micro-batch (its forward, loss and backward: :mod:`eyas.families`) → AdamW (β 0.9/0.95, clip
+0.5, linear warm-up then cosine: :mod:`eyas.train.schedule`) → metrics, checkpoints, the family's holdout evaluation.
+bf16 autocast with fp32 master weights on GPU, fp32 on CPU.
 
 :func:`train` is its parts in order: where the run starts (:func:`_resume_point`: --out claimed, the checkpoint to
 resume), what it trains with (:func:`_start`; the drafter, data and teacher come from :mod:`eyas.train.setup`), where it
@@ -37,6 +38,7 @@ from eyas.train.options import TrainOptions, trains_online
 from eyas.train.resume import new_record, read_run_record, resume_changes, resumed_record, target_identity
 from eyas.train.run_dir import MARKERS as RUN_MARKERS
 from eyas.train.run_dir import OPTIONS_FILE, clear_run_dir, finish_run_dir, start_run_dir
+from eyas.train.schedule import optimizer_and_schedule
 from eyas.train.setup import TrainingSetup, setup_training, training_autocast
 from eyas.train.stop import StopRequests
 
@@ -193,10 +195,7 @@ def _start(options: TrainOptions, loaded, resume: _Resume, rank: int, world: int
     if resume.at > total_steps:
         raise EyasError(f"{out} is at step {resume.at}, past the {total_steps} steps --max-steps/--epochs now give: give "
                         f"at least --max-steps {resume.at}, or train into a new --out")
-    optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=options.lr, betas=options.betas,
-                                  weight_decay=options.weight_decay)
-    warmup = max(1, round(options.warmup_ratio * total_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, warmup, total_steps))
+    optimizer, scheduler = optimizer_and_schedule(drafter.trainable_parameters(), options, total_steps)
     weights = family.tally_weights(options, drafter)  # one per tally a step adds up: TTT step, block slot, …
     record = new_record(options, target, world) if resume.recorded is None else \
         resumed_record(resume.recorded, options, resume.at, changes, resume.at < total_steps, target, world)
@@ -394,10 +393,3 @@ def _finish(run: _Run) -> TrainReport:
     barrier()
     return report
 
-
-def _lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine decay to zero at ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))

@@ -48,7 +48,19 @@ def payload(pack) -> dict:
     queue) and each sample's length."""
     if pack.ready is not None:  # copies from the GPU still in flight
         pack.ready.synchronize()
-    return {"lengths": list(pack.lengths), "tensors": pack.tensors}
+    return {"lengths": list(pack.lengths), "tensors": {name: _shared(t) for name, t in pack.tensors.items()}}
+
+
+def _shared(tensor):
+    """``tensor`` in shared memory, where the queue hands it over without another copy (page-locked memory, which a
+    capture on a GPU copies into, cannot be shared: it is copied once into a shared tensor)."""
+    import torch
+
+    if not tensor.is_pinned():
+        return tensor.share_memory_()
+    shared = torch.empty(tensor.shape, dtype=tensor.dtype).share_memory_()
+    shared.copy_(tensor)
+    return shared
 
 
 def items(message: dict) -> list[dict]:
