@@ -154,7 +154,7 @@ def test_a_full_buffer_holds_the_producer_back(setup):
         time.sleep(1.0)
         assert stream.batches.qsize() == 2 and stream.process.is_alive()  # waiting, not capturing a third
         assert stream.holdout(0)["lengths"]  # and still answering the evaluation while it waits
-        stream.receive(stream.batches)
+        stream.next_batch()
         _wait_for(lambda: stream.batches.qsize() == 2, "the taken batch replaced")
     finally:
         stream.close()

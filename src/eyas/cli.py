@@ -15,7 +15,7 @@ from eyas.boundary import GuardedGroup
 from eyas.capture.options import CaptureOptions, StoreCheckOptions
 from eyas.errors import EyasError
 from eyas.flags import command
-from eyas.options import CheckOptions, DemoOptions, GenerateOptions, InspectOptions, RunOptions
+from eyas.options import CheckOptions, DemoOptions, GenerateOptions, InspectOptions, ProduceOptions, RunOptions
 from eyas.stages import STAGES, exit_code
 
 app = typer.Typer(
@@ -87,6 +87,17 @@ def _capture(options: CaptureOptions, store: StoreCheckOptions) -> None:
 
 
 _stage_command("train")
+
+
+@command(app, ProduceOptions)
+def produce(options: ProduceOptions) -> None:
+    """Feed a trainer on another host (eyas train --stream --stream-listen HOST:PORT there): capture its batches here,
+    ahead of it, with HF or vLLM, and send them over gloo (TCP; GLOO_SOCKET_IFNAME picks the interface)."""
+    from eyas.train.stream.remote import produce as serve
+
+    serve(options)
+
+
 _stage_command("export")
 
 

@@ -289,3 +289,21 @@ class DemoOptions(Options):
     quick: bool = option(False, "every stage at smoke-test size (a few minutes on two cores): proves the pipeline runs, not the drafter")
     released: Path | None = option(None, "a drafter for the demo target to bench beside the demo's own (default: the "
                                    "checkout's releases/ drafter, when there is one)")
+
+
+@dataclass
+class ProduceOptions(Options):
+    """Feed a trainer on another host: capture its batches here (``eyas train --stream --stream-listen HOST:PORT``
+    there). The trainer says what to capture — its plan: the batches of DATA_DIR, the layer ids, the dtype —; this host's
+    DATA_DIR and target must be the trainer's (checked by their manifest's and weights' fingerprints)."""
+
+    trainer: str = option(help="HOST:PORT the trainer listens at (its --stream-listen)")
+    target: str = option(help="the target, as this host holds it")
+    data: Path = option(help="DATA_DIR, as this host holds it (the trainer's, by its manifest)")
+    device: str | None = option(None, "where the target runs with HF (default: cuda:0 on a GPU host, else cpu; cuda "
+                                "spreads it over every GPU)")
+    engine: str = option("hf", "what runs the target: hf (transformers) or vllm (eyas' vLLM capture worker)",
+                         check=one_of("hf", "vllm"))
+    vllm_python: str | None = vllm_python_option()
+    vllm_args: list[str] = vllm_args_option("--engine vllm")
+    trust_remote_code: bool = remote_code()

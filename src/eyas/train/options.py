@@ -72,6 +72,8 @@ class CommonTrainOptions(Options):
     producer_device: str | None = option(None, "--stream: where the producer runs the target with HF (default: the "
                                          "trainer's device; e.g. cuda:1, or cuda to spread a large target over every "
                                          "GPU)")
+    stream_listen: str | None = option(None, "--stream: wait at HOST:PORT for a producer on another host (it runs "
+                                       "eyas produce --trainer HOST:PORT) instead of starting one here; gloo over TCP")
     stream_engine: str = option("hf", "--stream: what runs the target: hf (transformers, in the producer) or vllm "
                                 "(eyas' vLLM capture worker, asked for one batch at a time)", check=one_of("hf", "vllm"))
     vllm_python: str | None = vllm_python_option()
@@ -114,10 +116,11 @@ TrainOptions = dataclasses.make_dataclass(
 # The data (--features / --data / --online) is compared by content, not by path: a moved DATA_DIR or FEATURES_DIR
 # resumes.
 RESUMABLE = frozenset({"out", "max_steps", "epochs", "checkpoint_every", "keep", "fsdp", "trust_remote_code", "attention",
-                       "stream_depth", "producer_device", "vllm_python"})
+                       "stream_depth", "producer_device", "vllm_python", "stream_listen"})
 DATA_OPTIONS = ("features", "data", "online")
 
 
 def trains_online(online: bool, features, data) -> bool:
     """Whether a run trains online (the target in the loop): asked for, or --data given without --features."""
     return bool(online or (features is None and data is not None))
+

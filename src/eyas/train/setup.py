@@ -64,7 +64,9 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
     config, target_source = load_target_config(options.target, options.trust_remote_code)
     facts = {**target_facts(options.target, config, target_source), **_weights_identity(options, identity)}
     if options.stream:
-        source, holdout, layer_ids, vocab_path = _stream_sources(options, device, dtype, facts["num_layers"])
+        from eyas.train.stream.setup import stream_sources
+
+        source, holdout, layer_ids, vocab_path = stream_sources(options, device, dtype, facts)
         from eyas.target.weights import head_and_embedding
 
         head, embed = head_and_embedding(options.target, options.trust_remote_code)
@@ -115,53 +117,6 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
                   target={**facts, "layer_ids": list(layer_ids)}, inputs=[data_input(options), target_input(facts)])
     built = family.build(BuildInputs(config, tuple(layer_ids), options, head, embed, vocab_path, device, teacher_dtype))
     return TrainingSetup(**shared, drafter=built.drafter, draft_ids=built.draft_ids, embed=built.embed, family=family)
-
-
-def _stream_sources(options: TrainOptions, device: torch.device, dtype: torch.dtype, num_layers: int):
-    """--stream: the producer started on DATA_DIR (:mod:`eyas.train.stream`) → (train source, holdout source or None, layer
-    ids, the draft vocabulary's path)."""
-    from eyas.capture.vllm_client import RESERVED_ARGS, parse_vllm_args
-    from eyas.data.fits_target import require_data_fits
-    from eyas.data.vocab import VOCAB_FILE
-    from eyas.manifest import verify_stage_dir
-    from eyas.train.stream.producer import ProducerSpec
-    from eyas.train.stream.source import Stream, StreamHoldout, StreamSource
-    from eyas.target.layer_ids import resolve_layer_ids
-    from eyas.train.data import width_multiple
-
-    if options.data is None or options.features is not None or options.online:
-        raise EyasError("--stream captures from DATA_DIR while it trains: give --data DATA_DIR, without --features or "
-                        "--online")
-    vllm = options.stream_engine == "vllm"
-    if vllm and options.producer_device is not None:
-        raise EyasError("--producer-device places the target loaded with HF; vLLM places its own (--vllm-arg "
-                        "tensor_parallel_size=8, CUDA_VISIBLE_DEVICES): leave it out with --stream-engine vllm")
-    if not vllm and (options.vllm_args or options.vllm_python):
-        raise EyasError("--vllm-arg and --vllm-python configure --stream-engine vllm; this run's producer uses HF")
-    verify_stage_dir(options.data, "prepare")
-    require_data_fits(options.data, options.target, options.trust_remote_code)
-    data_dir = Path(options.data)
-    layer_ids = resolve_layer_ids(options.layer_ids, num_layers)
-    multiple = width_multiple(device)
-    has_holdout = (data_dir / "holdout.parquet").is_file()
-    spec = ProducerSpec(target=options.target, device=options.producer_device or _one_device(device), data=str(data_dir),
-                        layer_ids=tuple(layer_ids), token_budget=options.token_budget, multiple=multiple,
-                        dtype=options.stream_dtype, trust_remote_code=options.trust_remote_code, holdout=has_holdout,
-                        engine=options.stream_engine, vllm_python=options.vllm_python,
-                        vllm_engine=parse_vllm_args(options.vllm_args, RESERVED_ARGS) if vllm else None)
-    where = "with vLLM" if vllm else f"on {spec.device}"
-    stream = Stream(spec, options.stream_depth, f"runs the target {where}, capturing {data_dir} at {spec.dtype} up to "
-                    f"{options.stream_depth} batches ahead of the trainer")
-    source = StreamSource(stream, data_dir, "train", options.token_budget, device, dtype, multiple)
-    holdout = StreamHoldout(stream, data_dir, options.token_budget, device, dtype, multiple) if has_holdout else None
-    return source, holdout, layer_ids, data_dir / VOCAB_FILE
-
-
-def _one_device(device: torch.device) -> str:
-    """The trainer's device as one device (a bare ``cuda`` would spread the producer's target over every GPU)."""
-    if device.type == "cuda" and device.index is None:
-        return f"cuda:{torch.cuda.current_device()}"
-    return str(device)
 
 
 def _weights_identity(options: TrainOptions, identity: dict | None) -> dict:

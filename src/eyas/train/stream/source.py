@@ -73,6 +73,10 @@ class Stream:
                 raise StreamEnded(f"the stream's producer failed: {body}")
             return key, body
 
+    def next_batch(self) -> tuple:
+        """The next training batch the producer captured: ((epoch, index, batch), payload)."""
+        return self.receive(self.batches)
+
     def holdout(self, index: int) -> dict:
         """Holdout batch ``index``, captured now."""
         self._ensure()
@@ -125,7 +129,7 @@ class StreamSource:
         return padded_host_batch(items(body), self.multiple, self.device.type == "cuda")
 
     def _next(self, index: int, position) -> dict:
-        key, body = self.stream.receive(self.stream.batches)
+        key, body = self.stream.next_batch()
         if key[2] != index or (position is not None and tuple(key[:2]) != tuple(position)):
             raise EyasError(_out_of_order(f"batch {key[2]} (epoch {key[0]}, index {key[1]})", f"batch {index}"))
         return body
