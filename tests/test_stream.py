@@ -99,18 +99,24 @@ def _gone(pid: int) -> bool:
     return "\nState:\tZ" in status  # dead, not yet reaped
 
 
-def _reference_and_a_run_to_kill(target, data, tmp_path):
-    """The uninterrupted run (tmp_path/clean), then the same run started as a command → (its RUN_DIR, its process, its
-    producer's pid)."""
-    train(opts(target, tmp_path / "clean", data=data, stream=True, max_steps=30, checkpoint_every=2, eval_batches=1))
+@pytest.fixture(scope="module")
+def clean(setup):
+    """The uninterrupted streamed run every killed one must end like."""
+    target, data, root = setup
+    train(opts(target, root / "clean", data=data, stream=True, max_steps=30, checkpoint_every=2, eval_batches=1))
+    return root / "clean"
+
+
+def _run_to_kill(target, data, tmp_path):
+    """The clean run started as a command → (its RUN_DIR, its process, its producer's pid)."""
     run = tmp_path / "killed"
     process = subprocess.Popen(_command(target, data, run), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return run, process, _producer_pid(process)
 
 
-def test_killed_producer_ends_the_run_in_one_line_after_a_checkpoint_and_resume_is_identical(setup, tmp_path):
+def test_killed_producer_ends_the_run_in_one_line_after_a_checkpoint_and_resume_is_identical(setup, clean, tmp_path):
     target, data, _ = setup
-    run, process, producer = _reference_and_a_run_to_kill(target, data, tmp_path)
+    run, process, producer = _run_to_kill(target, data, tmp_path)
     _wait_for(lambda: _steps_logged(run) >= 3, "step 3")
     os.kill(producer, signal.SIGKILL)
     rest = process.stdout.read()
@@ -123,12 +129,12 @@ def test_killed_producer_ends_the_run_in_one_line_after_a_checkpoint_and_resume_
     resumed = train(opts(target, run, data=data, stream=True, max_steps=30, checkpoint_every=2, eval_batches=1,
                          resume=True))
     assert resumed.resumed_from == stopped and resumed.steps == 30
-    zoo.assert_same_final_weights(tmp_path / "clean", run)
+    zoo.assert_same_final_weights(clean, run)
 
 
-def test_killed_trainer_takes_its_producer_along_and_resume_is_identical(setup, tmp_path):
+def test_killed_trainer_takes_its_producer_along_and_resume_is_identical(setup, clean, tmp_path):
     target, data, _ = setup
-    run, process, producer = _reference_and_a_run_to_kill(target, data, tmp_path)
+    run, process, producer = _run_to_kill(target, data, tmp_path)
     _wait_for(lambda: (run / "checkpoints" / "step-00000004").is_dir(), "the step-4 checkpoint")
     process.kill()
     process.wait()
@@ -136,7 +142,7 @@ def test_killed_trainer_takes_its_producer_along_and_resume_is_identical(setup, 
     resumed = train(opts(target, run, data=data, stream=True, max_steps=30, checkpoint_every=2, eval_batches=1,
                          resume=True))
     assert resumed.resumed_from >= 4 and resumed.steps == 30
-    zoo.assert_same_final_weights(tmp_path / "clean", run)
+    zoo.assert_same_final_weights(clean, run)
 
 
 def test_a_full_buffer_holds_the_producer_back(setup):

@@ -202,8 +202,10 @@ def _answer(group, plan: Plan, capture_train, capture_holdout, train_batches) ->
                     wire.send_error(group, str(err))
                     raise
                 wire.send_answer(group, (0, 0, a), payload)
-    finally:
+    finally:  # the capturing thread ends before the process does (a C++ call cut off at exit aborts it)
         stop.set()
+        if thread is not None:
+            thread.join()
 
 
 @dataclass
