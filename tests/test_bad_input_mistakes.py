@@ -74,6 +74,7 @@ COMMANDS = {
     "capture": (["capture", "--target", "t", "--data", "d", "--out", "o"], None, "capture"),
     "capture --check": (["capture", "--check", "f"], "eyas.store.check", "check_store"),
     "train": (["train", "--target", "t", "--out", "o"], None, "train"),
+    "produce": (["produce", "--trainer", "h:1", "--target", "t", "--data", "d"], "eyas.train.stream.remote", "produce"),
     "export": (["export", "r", "--out", "o"], None, "export"),
     "check": (["check", "d"], "eyas.export.check", "check_for_target"),
     "bench": (["bench", "--target", "t", "--draft", "d", "--out", "o"], None, "bench"),

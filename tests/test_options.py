@@ -120,7 +120,8 @@ def test_the_stable_command_line_of_design_md_is_accepted():
     commands = typer.main.get_command(app).commands
     stable = {  # DESIGN.md's command list: arguments by name, flags as spelled there
         "inspect": ["target"], "prepare": ["--target", "--data", "--out"], "capture": ["--target", "--data", "--out"],
-        "train": ["--target", "--features", "--data", "--online", "--out", "--resume"],
+        "train": ["--target", "--features", "--data", "--online", "--stream", "--stream-listen", "--out", "--resume"],
+        "produce": ["--trainer", "--target", "--data", "--engine"],
         "export": ["run_dir", "--out", "--format"], "check": ["draft_dir"],
         "bench": ["--target", "--draft", "--dataset", "--out", "--mode"],
         "generate": ["--target", "--draft", "--max-new-tokens", "--temperature", "--json", "prompt"],

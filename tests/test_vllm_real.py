@@ -479,6 +479,7 @@ def test_a_vllm_stream_killed_resumes_identical_and_leaves_no_worker(tmp_path, k
         assert code == 2 and f"the stream's producer (pid {producer}) was killed by signal 9" in rest, rest[-3000:]
         errors = [line for line in rest.splitlines() if line.startswith("error:")]  # (vLLM's log has its own traces)
         assert len(errors) == 1 and "checkpointed at step" in errors[0], rest[-3000:]
+        assert not list(Path("/dev/shm").glob(f"eyas-stream-{producer}-*"))  # the trainer removed what it left
     end = time.monotonic() + 120
     while set(_worker_pids()) & set(workers):  # its stdin closed, the worker ends (and its engine with it)
         assert time.monotonic() < end, "the vLLM worker outlived its producer"

@@ -24,6 +24,14 @@ from eyas.errors import EyasError
 WAIT_S = 0.1  # how often a waiting producer checks for requests and for its parent
 
 
+SHARED_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None  # where the vLLM worker's per-sample files live
+
+
+def workdir_prefix(pid: int) -> str:
+    """The name a vLLM producer's folder starts with: its trainer removes what a killed producer left."""
+    return f"eyas-stream-{pid}-"
+
+
 @dataclass(frozen=True)
 class ProducerSpec:
     """What the producer captures: the target (and where), DATA_DIR, the taps, the batches' plan and the storage
@@ -189,8 +197,7 @@ def _capturer(spec: ProducerSpec, longest: int):
 
     config, _ = load_target_config(spec.target, spec.trust_remote_code)
     layers = int(getattr(config, "text_config", config).num_hidden_layers)
-    shared = "/dev/shm" if os.path.isdir("/dev/shm") else None  # the worker's per-sample files stay in memory
-    workdir = tempfile.mkdtemp(prefix="eyas-stream-", dir=shared)
+    workdir = tempfile.mkdtemp(prefix=workdir_prefix(os.getpid()), dir=SHARED_DIR)
     session = VllmSession(spec.target, spec.layer_ids, layers, spec.vllm_python, workdir, spec.vllm_engine, longest + 8)
     try:
         def capture_rows(rows):

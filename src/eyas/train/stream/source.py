@@ -96,12 +96,24 @@ class Stream:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout=30)
+        self._remove_leftovers()
         for channel in (self.commands, self.batches, self.holdouts):
             channel.cancel_join_thread()
             channel.close()
 
+    def _remove_leftovers(self) -> None:
+        """The vLLM worker's folder a producer killed before it could remove it (at most one batch's files)."""
+        import shutil
+        import tempfile
+
+        from eyas.train.stream.producer import SHARED_DIR, workdir_prefix
+
+        for folder in Path(SHARED_DIR or tempfile.gettempdir()).glob(workdir_prefix(self.process.pid) + "*"):
+            shutil.rmtree(folder, ignore_errors=True)
+
     def _death(self) -> str:
         self.process.join(timeout=5)
+        self._remove_leftovers()
         code = self.process.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
         return f"the stream's producer (pid {self.process.pid}) {how}"
