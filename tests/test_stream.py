@@ -195,3 +195,11 @@ def test_a_streamed_run_resumes_only_as_a_stream(setup, tmp_path):
     torch.manual_seed(0)
     resumed = train(opts(target, tmp_path / "run", data=data, stream=True, stream_depth=1, max_steps=6, resume=True))
     assert resumed.resumed_from == 3 and resumed.steps == 6
+
+
+@pytest.mark.parametrize("given, flags", [(dict(stream_depth=8), "--stream-depth configures"),
+                                          (dict(stream_listen="h:1", vllm_args=["x=1"]), "--stream-listen, --vllm-arg")])
+def test_a_streams_options_without_stream_are_refused(setup, tmp_path, given, flags):
+    target, data, _ = setup
+    with pytest.raises(EyasError, match=f"{flags}.* add --stream, or leave"):
+        opts(target, tmp_path / "run", data=data, online=True, **given)

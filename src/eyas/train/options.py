@@ -87,9 +87,15 @@ class CommonTrainOptions(Options):
     trust_remote_code: bool = remote_code()
 
 
+# The options only --stream reads (a run without it would ignore them).
+STREAM_ONLY = ("stream_dtype", "stream_depth", "producer_device", "stream_listen", "stream_engine", "vllm_python",
+               "vllm_args")
+
+
 def _checked(options) -> None:
     """Each option within its range (:class:`eyas.options.Options`), then none that only other families than
-    --drafter's read given a value of its own (:func:`eyas.families.unread_refusal`): it would be ignored."""
+    --drafter's read given a value of its own (:func:`eyas.families.unread_refusal`), nor a stream's without --stream:
+    it would be ignored."""
     Options.__post_init__(options)
     from eyas.flags import field_flag
 
@@ -97,6 +103,17 @@ def _checked(options) -> None:
                                       lambda name: f"--drafter {name}")
     if refusal:
         raise EyasError(refusal)
+    if not options.stream:
+        fields = {f.name: f for f in dataclasses.fields(options)}
+        given = [field_flag(fields[name]).split("/")[0] for name in STREAM_ONLY
+                 if getattr(options, name) != _default(fields[name])]
+        if given:
+            raise EyasError(f"{', '.join(given)} {'configures' if len(given) == 1 else 'configure'} a streamed run: add "
+                            "--stream, or leave {} out".format("it" if len(given) == 1 else "them"))
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 # The shared options first (the flags' order in --help), then every family's.
