@@ -159,7 +159,8 @@ def test_a_full_buffer_holds_the_producer_back(setup):
         _wait_for(lambda: stream.batches.qsize() == 2, "two batches captured")
         time.sleep(1.0)
         assert stream.batches.qsize() == 2 and stream.process.is_alive()  # waiting, not capturing a third
-        assert stream.holdout(0)["lengths"]  # and still answering the evaluation while it waits
+        key, body = stream.holdout(0)
+        assert key == (0, 0, 0) and body["lengths"]  # and still answering the evaluation while it waits
         stream.next_batch()
         _wait_for(lambda: stream.batches.qsize() == 2, "the taken batch replaced")
     finally:

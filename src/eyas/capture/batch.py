@@ -22,3 +22,12 @@ def capture_batch(target, rows: Sequence[Sample], layer_ids: Sequence[int], dtyp
     real = mask.to(captured.aux.device).bool()  # right padding: row-major order keeps samples in sequence
     return pack_states([r.input_ids for r in rows], [r.loss_mask for r in rows], captured.aux[real], captured.final[real],
                        dtype, len(layer_ids))
+
+
+def pack_rows(rows: Sequence[Sample], states: Sequence[tuple], dtype: str, layers: int) -> Pack:
+    """``rows`` with their per-sample states (aux [T, k·H], final [T, H] each, as vLLM's capture gives them; k =
+    ``layers``) as one :class:`Pack` of ``dtype``, as :func:`capture_batch` packs a batch."""
+    import torch
+
+    return pack_states([r.input_ids for r in rows], [r.loss_mask for r in rows], torch.cat([a for a, _ in states]),
+                       torch.cat([f for _, f in states]), dtype, layers)

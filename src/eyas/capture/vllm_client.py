@@ -223,6 +223,16 @@ def _signal_session(pid: int, sig: int) -> None:
         pass
 
 
+def _worker_inputs(target_source: str, layer_ids: tuple[int, ...], num_layers: int, vllm_python: str | None) -> tuple:
+    """What a vLLM worker is started with and its states are read by: (the vLLM Python, checked; the target's
+    checkpoint; the ids it taps; the taps; the final norm, loaded on its own)."""
+    python = resolve_vllm_python(vllm_python)
+    check_vllm_python(python)
+    source = resolve_target(target_source)
+    return (python, source, worker_layer_ids(tuple(layer_ids), num_layers), Taps(layer_ids, num_layers),
+            load_final_norm(source, num_layers))
+
+
 def capture_with_vllm(
     samples: Iterable[tuple[str, np.ndarray]],
     target_source: str,
@@ -240,12 +250,7 @@ def capture_with_vllm(
     sample was captured leaves none of them behind. Raises EyasError (with the worker's log tail) if vLLM fails or
     returns other tokens.
     """
-    python = resolve_vllm_python(vllm_python)
-    check_vllm_python(python)
-    source = resolve_target(target_source)
-    tapped = worker_layer_ids(tuple(layer_ids), num_layers)
-    taps = Taps(layer_ids, num_layers)
-    norm = load_final_norm(source, num_layers)
+    python, source, tapped, taps, norm = _worker_inputs(target_source, layer_ids, num_layers, vllm_python)
     workdir = Path(workdir)
     states_dir = workdir / "states"
     index = IndexReader(states_dir / "index.jsonl")
@@ -291,12 +296,8 @@ class VllmSession:
 
     def __init__(self, target_source: str, layer_ids: tuple[int, ...], num_layers: int, vllm_python: str | None,
                  workdir: Path, engine: dict | None, max_model_len: int):
-        python = resolve_vllm_python(vllm_python)
-        check_vllm_python(python)
-        source = resolve_target(target_source)
-        self.tapped = worker_layer_ids(tuple(layer_ids), num_layers)
-        self.taps = Taps(layer_ids, num_layers)
-        self.norm = load_final_norm(source, num_layers)
+        python, source, self.tapped, self.taps, self.norm = _worker_inputs(target_source, layer_ids, num_layers,
+                                                                           vllm_python)
         self.states_dir = Path(workdir) / "states"
         self.index = IndexReader(self.states_dir / "index.jsonl")
         self.sent = 0  # requests sent: each gets a fresh id, as a sample recurs every epoch

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import torch
 
+from eyas.capture.batch import pack_rows
 from eyas.capture.vllm_client import capture_with_vllm, engine_request
 from eyas.errors import EyasError
 from eyas.store.plan import ShardPlan
-from eyas.store.shards import pack_states
 
 WORKDIR = ".vllm"  # inside FEATURES_DIR: vLLM's per-sample files, kept until the store is complete (resume)
 
@@ -25,17 +25,14 @@ def vllm_states(options, source: str, layer_ids: tuple[int, ...], num_layers: in
     def states(split: str, plan: ShardPlan):
         for batch in plan.batches:
             rows = [samples[split][i] for i in batch]
-            aux, final = [], []
-            for row in rows:
-                sample_id, sample_aux, sample_final = next(stream)
-                if sample_id != row.id:
-                    raise EyasError(f"vLLM returned sample {sample_id!r} where {row.id!r} was expected")
-                aux.append(sample_aux)
-                final.append(sample_final)
-            yield pack_states([r.input_ids for r in rows], [r.loss_mask for r in rows], torch.cat(aux), torch.cat(final),
-                              options.dtype, len(layer_ids))
+            yield pack_rows(rows, [_next_of(stream, row.id) for row in rows], options.dtype, len(layer_ids))
 
     return states
 
 
-
+def _next_of(stream: Iterator, expected: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next sample's (aux, final) from vLLM's capture, which must be sample ``expected``."""
+    sample_id, aux, final = next(stream)
+    if sample_id != expected:
+        raise EyasError(f"vLLM returned sample {sample_id!r} where {expected!r} was expected")
+    return aux, final

@@ -135,7 +135,7 @@ def host_batch_to_device(host: dict[str, torch.Tensor], device: torch.device, dt
     from eyas.store.reader import decode_stored
 
     moved = {name: tensor.to(device, non_blocking=True) for name, tensor in host.items()}
-    states = {name: decode_stored(moved[name], moved.get(f"{name}_scale"), dtype).to(dtype) for name in ("aux", "final")}
+    states = {name: decode_stored(moved[name], moved.get(f"{name}_scale"), dtype) for name in ("aux", "final")}
     return Batch(aux=states["aux"], final=states["final"], input_ids=moved["input_ids"], loss_mask=moved["loss_mask"],
                  valid=moved["valid"], count=int(host["valid"].sum()))
 

@@ -5,7 +5,7 @@ holdout queue) and ``("train", seed, epoch, index, rank, world)`` (from that dat
 share of the global batch order — :func:`eyas.train.data.batches_forever` — into the batches queue, at most
 ``depth`` ahead of the trainer: a full queue holds the producer back, serving holdout requests while it waits).
 Everything it sends is ``(kind, key, payload)``: ``("train", (epoch, index, batch), payload)``,
-``("holdout", b, payload)``, or ``("error", None, one line)`` when it fails. It dies with the trainer (the parent's
+``("holdout", (0, 0, b), payload)``, or ``("error", None, one line)`` when it fails. It dies with the trainer (the parent's
 death signal on Linux, and a check of its parent while it waits).
 """
 
@@ -30,6 +30,16 @@ SHARED_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None  # where the vLLM
 def workdir_prefix(pid: int) -> str:
     """The name a vLLM producer's folder starts with: its trainer removes what a killed producer left."""
     return f"eyas-stream-{pid}-"
+
+
+def engine_refusal(engine: str, device, device_flag: str, vllm_args, vllm_python) -> str | None:
+    """What is wrong with a producer's engine options (``device_flag``: how its HF device is spelled), or None."""
+    if engine == "vllm" and device is not None:
+        return (f"{device_flag} places the target loaded with HF; vLLM places its own (--vllm-arg "
+                "tensor_parallel_size=8, CUDA_VISIBLE_DEVICES): leave it out with the vllm engine")
+    if engine == "hf" and (vllm_args or vllm_python):
+        return "--vllm-arg and --vllm-python configure the vllm engine; this producer uses HF"
+    return None
 
 
 @dataclass(frozen=True)
@@ -109,40 +119,49 @@ class _Stopped(Exception):
 def _serve(spec: ProducerSpec, commands, batches, holdouts, parent: int) -> None:
     import torch
 
+    torch.set_grad_enabled(False)
+    with planned_capture(spec) as (train, held, capture):
+        _Producer(capture, commands, batches, holdouts, parent, train, held).run()
+
+
+@contextlib.contextmanager
+def planned_capture(spec: ProducerSpec):
+    """DATA_DIR planned as the trainer plans it and the target ready → (the train split, the holdout split — each
+    (samples, batches) of :func:`eyas.train.data.planned_split` —, capture(split, batch) → :func:`payload`); the target
+    let go (a vLLM worker stopped) on leaving. Both producers', the local process's and ``eyas produce``'s."""
     from eyas.train.data import planned_split
 
-    torch.set_grad_enabled(False)
     train = planned_split(spec.data, "train", spec.token_budget, spec.multiple)
     held = planned_split(spec.data, "holdout", spec.token_budget, spec.multiple) if spec.holdout else ([], [])
     with _capturer(spec, max(len(s.input_ids) for s in [*train[0], *held[0]])) as capture_rows:
-        _Producer(capture_rows, commands, batches, holdouts, parent, train, held).run()
+        yield train, held, lambda split, batch: payload(capture_rows([split[0][i] for i in split[1][batch]]))
+
+
+def rank_order(batches: list, seed: int, epoch: int, index: int, rank: int, world: int):
+    """(epoch, index, batch) of the global batch order (:func:`eyas.train.data.batches_forever`) from (epoch, index) on
+    that rank ``rank`` of ``world`` takes: every world-th from its place (a step's micro-batches are dealt so)."""
+    from eyas.train.data import batches_forever
+
+    for position, item in enumerate(batches_forever(_Plan(batches), seed, epoch, index)):
+        if position % world == rank:
+            yield item
 
 
 class _Producer:
     """The producer's loop: holdout requests until training starts, then this rank's batches in order, each put into
     the bounded queue once there is room (requests answered while it waits)."""
 
-    def __init__(self, capture_rows, commands, batches, holdouts, parent: int, train: tuple, held: tuple):
-        self.capture_rows, self.commands, self.batches, self.holdouts = capture_rows, commands, batches, holdouts
+    def __init__(self, capture, commands, batches, holdouts, parent: int, train: tuple, held: tuple):
+        self.capture, self.commands, self.batches, self.holdouts = capture, commands, batches, holdouts
         self.parent, self.train, self.held = parent, train, held
 
-    def capture(self, split: tuple, batch: int) -> dict:
-        samples, plan = split
-        return payload(self.capture_rows([samples[i] for i in plan[batch]]))
-
     def run(self) -> None:
-        from eyas.train.data import batches_forever
-
         start = None
         while start is None:  # holdout requests (the step-0 evaluation) until the trainer says where training starts
             start = self.serve(self.next_command(block=True))
-        _, seed, epoch, index, rank, world = start
-        for position, (item_epoch, item_index, batch) in enumerate(batches_forever(_Plan(self.train[1]), seed, epoch,
-                                                                                    index)):
-            if position % world != rank:  # the other ranks' share of each step
-                continue
+        for key in rank_order(self.train[1], *start[1:]):
             self.serve_pending()  # an evaluation waits for no training batch
-            message = ("train", (item_epoch, item_index, batch), self.capture(self.train, batch))
+            message = ("train", key, self.capture(self.train, key[2]))
             while True:  # back-pressure: wait for room, answering holdout requests meanwhile
                 try:
                     self.batches.put(message, timeout=WAIT_S)
@@ -156,7 +175,7 @@ class _Producer:
             self.batches.cancel_join_thread()  # what it captured ahead is dropped: exit without waiting for a reader
             raise _Stopped
         if command[0] == "holdout":
-            self.holdouts.put(("holdout", command[1], self.capture(self.held, command[1])))
+            self.holdouts.put(("holdout", (0, 0, command[1]), self.capture(self.held, command[1])))
             return None
         return command
 
@@ -189,10 +208,8 @@ def _capturer(spec: ProducerSpec, longest: int):
         return
     import tempfile
 
-    import torch
-
+    from eyas.capture.batch import pack_rows
     from eyas.capture.vllm_client import VllmSession
-    from eyas.store.shards import pack_states
     from eyas.target.loading import load_target_config
 
     config, _ = load_target_config(spec.target, spec.trust_remote_code)
@@ -200,13 +217,8 @@ def _capturer(spec: ProducerSpec, longest: int):
     workdir = tempfile.mkdtemp(prefix=workdir_prefix(os.getpid()), dir=SHARED_DIR)
     session = VllmSession(spec.target, spec.layer_ids, layers, spec.vllm_python, workdir, spec.vllm_engine, longest + 8)
     try:
-        def capture_rows(rows):
-            states = session.capture([(r.id, r.input_ids) for r in rows])
-            return pack_states([r.input_ids for r in rows], [r.loss_mask for r in rows],
-                               torch.cat([aux for aux, _ in states]), torch.cat([final for _, final in states]),
-                               spec.dtype, len(spec.layer_ids))
-
-        yield capture_rows
+        yield lambda rows: pack_rows(rows, session.capture([(r.id, r.input_ids) for r in rows]), spec.dtype,
+                                    len(spec.layer_ids))
     finally:
         session.close()
 

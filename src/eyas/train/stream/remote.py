@@ -66,7 +66,7 @@ class RemoteStream:
             store, self.group = _listen(self.host, self.port, self.plan)
         except RuntimeError as err:
             raise EyasError(f"--stream-listen {self.host}:{self.port}: {_first_line(err)}") from None
-        self.store = store
+        self.store = store  # the rendezvous lives as long as the group it made
         print("stream: the producer joined", flush=True)
 
     def _exchange(self, op: int, *args: int):
@@ -92,11 +92,8 @@ class RemoteStream:
     def next_batch(self) -> tuple:
         return self._exchange(wire.NEXT)
 
-    def holdout(self, index: int) -> dict:
-        key, body = self._exchange(wire.HOLDOUT, index)
-        if key != (0, 0, index):
-            raise EyasError(f"the stream's producer sent holdout batch {key[2]}, the trainer expected {index}")
-        return body
+    def holdout(self, index: int) -> tuple:
+        return self._exchange(wire.HOLDOUT, index)
 
     def close(self) -> None:
         if self.group is None:
@@ -124,9 +121,9 @@ def _first_line(err: BaseException) -> str:
 
 def serve_trainer(address: str, spec_for, check) -> None:
     """The producer's end: join the trainer at ``address``, read its :class:`Plan`, ``check(plan)`` (raises EyasError
-    when this host's DATA_DIR or target is not the trainer's), build a capturer with ``spec_for(plan)`` (a
-    context manager yielding (capture_train(batch) → payload, capture_holdout(b) → payload, the train plan's batches)),
-    then answer requests until the trainer stops it or is gone."""
+    when this host's DATA_DIR or target is not the trainer's), make the target ready with ``spec_for(plan)`` (a
+    context manager yielding what :func:`eyas.train.stream.producer.planned_capture` yields), then answer requests
+    until the trainer stops it or is gone."""
     import torch.distributed as dist
 
     host, port = split_address(address, "--trainer")
@@ -138,35 +135,30 @@ def serve_trainer(address: str, spec_for, check) -> None:
     except RuntimeError as err:
         raise EyasError(f"--trainer {address}: {_first_line(err)}") from None
     try:
-        problem = None
         try:
             check(plan)
-        except EyasError as err:
-            problem = str(err)
-        if problem is not None:
+        except EyasError as err:  # the trainer hears it as the answer to its first request
             wire.receive_request(group)
-            wire.send_error(group, problem)
-            raise EyasError(problem)
-        with spec_for(plan) as (capture_train, capture_holdout, train_batches):
-            _answer(group, plan, capture_train, capture_holdout, train_batches)
+            wire.send_error(group, str(err))
+            raise
+        with spec_for(plan) as (train, held, capture):
+            _answer(group, plan, train, held, capture)
     except RuntimeError as err:
         raise EyasError(f"the trainer at {address} is gone ({_first_line(err)})") from None
 
 
-def _answer(group, plan: Plan, capture_train, capture_holdout, train_batches) -> None:
+def _answer(group, plan: Plan, train: tuple, held: tuple, capture) -> None:
     """The request loop, with a thread capturing this rank's batches ahead (at most ``plan.depth``)."""
-    from eyas.train.data import batches_forever
+    from eyas.train.stream.producer import rank_order
 
     ready: queue.Queue = queue.Queue(maxsize=plan.depth)
     lock, stop = threading.Lock(), threading.Event()  # the target captures one batch at a time
 
     def ahead(seed, epoch, index, rank, world) -> None:
         try:
-            for position, (e, i, b) in enumerate(batches_forever(_Plan(train_batches), seed, epoch, index)):
-                if position % world != rank:
-                    continue
+            for key in rank_order(train[1], seed, epoch, index, rank, world):
                 with lock:
-                    item = ((e, i, b), capture_train(b))
+                    item = (key, capture(train, key[2]))
                 while not stop.is_set():
                     try:
                         ready.put(item, timeout=0.1)
@@ -197,7 +189,7 @@ def _answer(group, plan: Plan, capture_train, capture_holdout, train_batches) ->
             elif op == wire.HOLDOUT:
                 try:
                     with lock:
-                        payload = capture_holdout(a)
+                        payload = capture(held, a)
                 except EyasError as err:
                     wire.send_error(group, str(err))
                     raise
@@ -208,38 +200,25 @@ def _answer(group, plan: Plan, capture_train, capture_holdout, train_batches) ->
             thread.join()
 
 
-@dataclass
-class _Plan:
-    batches: list
-
-
 def produce(options) -> None:
     """``eyas produce``: the producer's end for ``options`` (:class:`eyas.train.options.ProduceOptions`)."""
-    import contextlib
     from pathlib import Path
 
     from eyas.capture.vllm_client import RESERVED_ARGS, parse_vllm_args
-    from eyas.train.data import planned_split
-    from eyas.train.stream.producer import ProducerSpec, _capturer, payload
+    from eyas.train.stream.producer import ProducerSpec, engine_refusal, planned_capture
 
     data = Path(options.data)
-    if options.engine == "vllm" and options.device is not None:
-        raise EyasError("--device places the target loaded with HF; vLLM places its own: leave it out with --engine vllm")
-    if options.engine == "hf" and (options.vllm_args or options.vllm_python):
-        raise EyasError("--vllm-arg and --vllm-python configure --engine vllm; this producer uses HF")
+    refusal = engine_refusal(options.engine, options.device, "--device", options.vllm_args, options.vllm_python)
+    if refusal:
+        raise EyasError(refusal)
 
-    @contextlib.contextmanager
     def capturer(plan: Plan):
-        spec = ProducerSpec(target=options.target, device=options.device or _default_device(), data=str(data),
-                            layer_ids=plan.layer_ids, token_budget=plan.token_budget, multiple=plan.multiple,
-                            dtype=plan.dtype, trust_remote_code=options.trust_remote_code, holdout=plan.holdout,
-                            engine=options.engine, vllm_python=options.vllm_python,
-                            vllm_engine=parse_vllm_args(options.vllm_args, RESERVED_ARGS) if options.engine == "vllm" else None)
-        train = planned_split(data, "train", plan.token_budget, plan.multiple)
-        held = planned_split(data, "holdout", plan.token_budget, plan.multiple) if plan.holdout else ([], [])
-        with _capturer(spec, max(len(s.input_ids) for s in [*train[0], *held[0]])) as capture_rows:
-            yield (lambda b: payload(capture_rows([train[0][i] for i in train[1][b]])),
-                   lambda b: payload(capture_rows([held[0][i] for i in held[1][b]])), train[1])
+        return planned_capture(ProducerSpec(
+            target=options.target, device=options.device or _default_device(), data=str(data),
+            layer_ids=plan.layer_ids, token_budget=plan.token_budget, multiple=plan.multiple, dtype=plan.dtype,
+            trust_remote_code=options.trust_remote_code, holdout=plan.holdout, engine=options.engine,
+            vllm_python=options.vllm_python,
+            vllm_engine=parse_vllm_args(options.vllm_args, RESERVED_ARGS) if options.engine == "vllm" else None))
 
     print(f"produce: joining the trainer at {options.trainer}", flush=True)
     serve_trainer(options.trainer, capturer, lambda plan: _check_inputs(plan, options, data))

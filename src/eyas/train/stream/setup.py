@@ -48,11 +48,13 @@ def _refuse_unread(options) -> None:
         if given:
             raise EyasError(f"{', '.join(given)}: with --stream-listen the producer runs on another host; give "
                             f"{'it' if len(given) == 1 else 'them'} to eyas produce there")
-    elif options.stream_engine == "vllm" and options.producer_device is not None:
-        raise EyasError("--producer-device places the target loaded with HF; vLLM places its own (--vllm-arg "
-                        "tensor_parallel_size=8, CUDA_VISIBLE_DEVICES): leave it out with --stream-engine vllm")
-    elif options.stream_engine == "hf" and (options.vllm_args or options.vllm_python):
-        raise EyasError("--vllm-arg and --vllm-python configure --stream-engine vllm; this run's producer uses HF")
+    else:
+        from eyas.train.stream.producer import engine_refusal
+
+        refusal = engine_refusal(options.stream_engine, options.producer_device, "--producer-device",
+                                 options.vllm_args, options.vllm_python)
+        if refusal:
+            raise EyasError(refusal)
 
 
 def _local_stream(options, device, facts, data_dir, layer_ids, multiple, holdout):

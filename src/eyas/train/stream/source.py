@@ -77,14 +77,11 @@ class Stream:
         """The next training batch the producer captured: ((epoch, index, batch), payload)."""
         return self.receive(self.batches)
 
-    def holdout(self, index: int) -> dict:
-        """Holdout batch ``index``, captured now."""
+    def holdout(self, index: int) -> tuple:
+        """Holdout batch ``index``, captured now: ((0, 0, index), payload)."""
         self._ensure()
         self.commands.put(("holdout", index))
-        key, body = self.receive(self.holdouts)
-        if key != index:
-            raise EyasError(_out_of_order(f"holdout batch {key}", f"holdout batch {index}"))
-        return body
+        return self.receive(self.holdouts)
 
     def close(self) -> None:
         """Stop the producer (batches it captured ahead are dropped): asked to, then killed if it does not."""
@@ -129,22 +126,17 @@ class StreamSource:
         samples, self.batches = planned_split(data_dir, split, token_budget, multiple)
         self.ids = [s.id for s in samples]
         self.lengths = [len(s.input_ids) for s in samples]
-        self.expected: list[tuple[int, int, int]] = []  # (epoch, index, batch) the trainer will take, in order
 
     def start(self, seed: int, epoch: int, index: int, rank: int, world: int) -> None:
         """Training starts at (epoch, index): the producer captures this rank's share from there on."""
         self.stream.start(seed, epoch, index, rank, world)
 
-    def host_batch(self, index: int, position: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+    def host_batch(self, index: int) -> dict[str, torch.Tensor]:
         """The next streamed batch, which must be batch ``index`` of the plan, padded on the host (pinned on a GPU)."""
-        body = self._next(index, position)
-        return padded_host_batch(items(body), self.multiple, self.device.type == "cuda")
-
-    def _next(self, index: int, position) -> dict:
         key, body = self.stream.next_batch()
-        if key[2] != index or (position is not None and tuple(key[:2]) != tuple(position)):
+        if key[2] != index:
             raise EyasError(_out_of_order(f"batch {key[2]} (epoch {key[0]}, index {key[1]})", f"batch {index}"))
-        return body
+        return padded_host_batch(items(body), self.multiple, self.device.type == "cuda")
 
     def to_device(self, host: dict[str, torch.Tensor]):
         """A :meth:`host_batch` on the training device, decoded by the store's rule."""
@@ -166,7 +158,10 @@ class StreamHoldout:
 
     def batch(self, index: int):
         """Holdout batch ``index``, captured now."""
-        host = padded_host_batch(items(self.stream.holdout(index)), self.multiple, self.device.type == "cuda")
+        key, body = self.stream.holdout(index)
+        if tuple(key) != (0, 0, index):
+            raise EyasError(_out_of_order(f"holdout batch {key[2]}", f"holdout batch {index}"))
+        host = padded_host_batch(items(body), self.multiple, self.device.type == "cuda")
         return host_batch_to_device(host, self.device, self.dtype)
 
 
