@@ -173,6 +173,22 @@ def test_draw_follows_unnormalised_weights_and_never_picks_a_zero():
     assert draw(weights, torch.tensor(0.0)).item() == 1 and draw(weights, torch.tensor(1 - 1e-7)).item() == 6
 
 
+def test_draw_stays_out_of_compiled_rounds_and_draws_as_eagerly():
+    """Inductor's Triton scan fails on draw's float64 cumulative sum over a vocabulary (a block drafter's drawn chain on
+    the GPU fell back to eager): a compiled round runs draw eagerly — a graph break — and draws the same tokens."""
+    gen = torch.Generator().manual_seed(3)
+    probs, uniforms = torch.rand(15, 300, generator=gen), torch.rand(15, generator=gen)
+
+    def round_end(p, u):
+        return draw(torch.softmax(p, -1), u) + 1
+
+    explained = torch._dynamo.explain(round_end)(probs, uniforms)
+    assert explained.graph_break_count >= 1
+    assert not any("cumsum" in str(node.target) for graph in explained.graphs for node in graph.graph.nodes)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(round_end, dynamic=False)(probs, uniforms), round_end(probs, uniforms))
+
+
 def test_top_p_keeps_the_smallest_nucleus():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     assert torch.allclose(target_probs(logits, Sampling(1.0, 0.7)), torch.tensor([0.5, 0.3, 0, 0]) / 0.8)

@@ -26,9 +26,14 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0)
     return probs
 
 
+@torch.compiler.disable
 def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token from each row of ``probs`` [..., V] (need not sum to 1) at ``uniforms`` [...] in [0, 1): the row's
-    cumulative sum inverted there, in float64 — a token of zero mass is never drawn. On the device, no host read."""
+    cumulative sum inverted there, in float64 — a token of zero mass is never drawn. On the device, no host read.
+
+    Kept out of torch.compile (a compiled decoding round runs it eagerly, still inside the round's CUDA graph): inductor
+    (torch 2.11, Triton) fails to generate its float64 scan over a full vocabulary for several rows at once — a
+    block drafter's drawn chain, 15 x 49,152 — and the whole round then fell back to eager decoding."""
     cumulative = probs.double().cumsum(-1)
     point = uniforms.double().unsqueeze(-1) * cumulative[..., -1:]
     return torch.searchsorted(cumulative, point, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
