@@ -12,7 +12,8 @@
 # 2. `eyas train` STEPS steps from the store (offline);
 # 3. `eyas train --stream` STEPS steps from DATA_DIR with the same seed, budget and dtype (the same batches), the
 #    producer on the same GPU; the filesystem's free bytes before and after, and the run's size;
-# then one table: tokens/s of each (the trainer's own count over its steps' time), their ratio, the disk each used.
+# then one table: tokens/s of each (the trainer's own count over its steps' time; and over the second half of the steps,
+# compile warm-ups excluded), the seconds each waited for its data, their ratio, the disk each used.
 # Results under $OUT/stream (both runs' metrics.jsonl and report.json, the logs, summary.json).
 set -uo pipefail
 DATA=$1 STEPS=$2 BUDGET=${3:-32768} DTYPE=${4:-bf16}
@@ -46,17 +47,26 @@ size = lambda p: int(subprocess.run(["du", "-sb", str(p)], capture_output=True, 
 rows = {}
 for run in ("offline", "streamed"):
     report = json.loads((results / f"report-{run}.json").read_text())
-    rows[run] = {"tokens": report["tokens"], "seconds": report["seconds"], "tokens_per_s": report["tokens"] / report["seconds"]}
+    steps = [json.loads(line) for line in (results / f"metrics-{run}.jsonl").read_text().splitlines() if '"tokens_per_s"' in line]
+    # the second half's rate (compile warm-ups excluded) from each step's cumulative tokens/s and tokens
+    done = [(sum(s["tokens"] for s in steps[: i + 1]), s["tokens_per_s"]) for i, s in enumerate(steps)]
+    (t0, r0), (t1, r1) = done[len(done) // 2], done[-1]
+    rows[run] = {"tokens": report["tokens"], "seconds": report["seconds"], "tokens_per_s": report["tokens"] / report["seconds"],
+                 "second_half_tokens_per_s": (t1 - t0) / (t1 / r1 - t0 / r0), "data_wait_s": steps[-1].get("data_wait_s")}
 checkpoint = max((p for p in (work / "streamed" / "checkpoints").iterdir()), key=lambda p: p.name)
 summary = {**rows, "ratio": rows["streamed"]["tokens_per_s"] / rows["offline"]["tokens_per_s"],
+           "second_half_ratio": rows["streamed"]["second_half_tokens_per_s"] / rows["offline"]["second_half_tokens_per_s"],
+           "final_weights_bytes": size(work / "streamed" / "final"),
            "capture_seconds": capture_s, "store_bytes": size(work / "features"),
            "streamed_disk_used_bytes": before - after, "streamed_run_bytes": size(work / "streamed"),
            "one_checkpoint_bytes": size(checkpoint)}
 (results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-print(f"| run | tokens | seconds | tokens/s |\n|---|---|---|---|")
+print(f"| run | tokens | seconds | tokens/s | second half tokens/s | waited for data |\n|---|---|---|---|---|---|")
 for run, row in rows.items():
-    print(f"| {run} | {row['tokens']:,} | {row['seconds']:.1f} | {row['tokens_per_s']:,.0f} |")
-print(f"streamed / offline: {summary['ratio']:.3f}; capture {capture_s:.1f} s, store {summary['store_bytes']:,} B; "
-      f"streamed run: disk used {summary['streamed_disk_used_bytes']:,} B, run dir {summary['streamed_run_bytes']:,} B, "
-      f"one checkpoint {summary['one_checkpoint_bytes']:,} B")
+    print(f"| {run} | {row['tokens']:,} | {row['seconds']:.1f} | {row['tokens_per_s']:,.0f} | "
+          f"{row['second_half_tokens_per_s']:,.0f} | {row['data_wait_s'] or 0:.1f} s |")
+print(f"streamed / offline: {summary['ratio']:.3f} (second half {summary['second_half_ratio']:.3f}); capture "
+      f"{capture_s:.1f} s, store {summary['store_bytes']:,} B; streamed run: disk used {summary['streamed_disk_used_bytes']:,} B, "
+      f"run dir {summary['streamed_run_bytes']:,} B: one checkpoint {summary['one_checkpoint_bytes']:,} B and the final "
+      f"weights {summary['final_weights_bytes']:,} B")
 PY

@@ -54,6 +54,33 @@ def test_streamed_weights_equal_an_offline_run_from_a_store_of_the_same_batches(
     assert [m.get("loss") for m in metrics(tmp_path / "offline")] == [m.get("loss") for m in metrics(tmp_path / "streamed")]
     assert streamed.final_eval == offline.final_eval != {}
     assert not list((tmp_path / "streamed").rglob("*.parquet")) and not (tmp_path / "streamed" / "features").exists()
+    # each step's line says how long this segment has waited for its data so far (here the producer's capture)
+    waits = [m["data_wait_s"] for m in metrics(tmp_path / "streamed") if "loss" in m]
+    assert waits == sorted(waits) and waits[-1] > 0
+
+
+def test_the_loader_counts_the_time_the_trainer_waits_for_a_batch():
+    from eyas.train.data import Prefetcher
+
+    class Slow:  # a source whose host side takes 0.3 s a batch
+        batches = [0, 1]
+
+        def host_batch(self, index):
+            time.sleep(0.3)
+            return index
+
+        def to_device(self, host):
+            return host
+
+    loader = Prefetcher(Slow())
+    loader.ahead([0, 1])
+    try:
+        assert loader.batch(0) == 0 and 0.2 < loader.waited < 0.6  # asked for at once: waited for it
+        time.sleep(0.6)  # batch 1 loads meanwhile
+        before = loader.waited
+        assert loader.batch(1) == 1 and loader.waited - before < 0.1  # ready: no wait
+    finally:
+        loader.close()
 
 
 def test_a_stream_at_fp32_is_the_online_run(setup, tmp_path):

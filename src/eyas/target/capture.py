@@ -116,6 +116,11 @@ def capture_hidden_states(
     ``model_inputs`` (``pixel_values`` …) go to the model unchanged. With ``offload`` the
     states are copied to pinned host memory as they are produced; otherwise they stay on the
     model's device. Raises CaptureError rather than returning anything partial.
+
+    The mask is checked (right padding only) but not given to the model: a causal target keeps every real token from
+    the padding after it, so the real tokens' states are those of each sequence alone either way (pinned for every
+    test architecture), and without a mask the attention runs as plain causal attention (on CUDA, a flash kernel that
+    skips the masked half) instead of a kernel that reads a [B, T, T] mask.
     """
     taps = Taps(layer_ids, layout.num_layers)
     _refuse_bypassing_setups(model, layout)
@@ -139,7 +144,7 @@ def capture_hidden_states(
         handles.append(layout.lm_head.register_forward_pre_hook(
             lambda m, args, kwargs: head_tap.record(hidden_argument(head_tap.what, args, kwargs)), with_kwargs=True))
         hooks.arm(expect)
-        _forward(model, layout, input_ids, attention_mask, model_inputs)
+        _forward(model, layout, input_ids, model_inputs)
     finally:
         problems = hooks.disarm()
         hooks.remove()
@@ -160,11 +165,9 @@ def _final_hook(tap: TapRecord, buffers: _Buffers, offload: bool, out) -> None:
         buffers.start_offload()  # every aux layer has run: start the copies while lm_head runs
 
 
-def _forward(model, layout, input_ids, attention_mask, model_inputs) -> None:
+def _forward(model, layout, input_ids, model_inputs) -> None:
     device = _first_param_device(layout.embed)
     kwargs = {"input_ids": input_ids.to(device), **model_inputs}
-    if attention_mask is not None:
-        kwargs["attention_mask"] = attention_mask.to(device)
     params = inspect.signature(model.forward).parameters
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if "use_cache" in params or takes_kwargs:

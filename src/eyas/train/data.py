@@ -10,6 +10,7 @@ exactly the batches an uninterrupted one would.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +152,7 @@ class Prefetcher:
         self.source = source
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="eyas-prefetch") if hasattr(source, "host_batch") else None
         self.queue: deque = deque()  # (batch index, future), in the order they will be asked for
+        self.waited = 0.0  # seconds the trainer waited for a prefetched batch (a slow disk, a stream's producer)
 
     def ahead(self, indices) -> None:
         """Start loading these batches, in this order, after those already queued."""
@@ -162,7 +164,10 @@ class Prefetcher:
         if self.pool is None:
             return self.source.batch(index)
         if self.queue and self.queue[0][0] == index:
-            return self.source.to_device(self.queue.popleft()[1].result())
+            began = time.perf_counter()
+            host = self.queue.popleft()[1].result()
+            self.waited += time.perf_counter() - began
+            return self.source.to_device(host)
         return self.source.batch(index)
 
     def close(self) -> None:

@@ -262,6 +262,7 @@ def _steps(run: _Run) -> None:
                 raise EyasError(_stream_ended(run, ended, time.perf_counter() - started)) from None
             segment_tokens += tokens
             accuracy = _record(run, tokens, tallies, grad_norm, segment_tokens / max(time.perf_counter() - started, 1e-9))
+            run.record["data_wait_s"] = loader.waited  # this segment's, so far: what reading or a producer cost it
             _check_learning(run)
             stopping = stop.agreed() and run.step < run.total_steps  # every rank stops after the same step
             try:
