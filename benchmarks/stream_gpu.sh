@@ -12,31 +12,47 @@
 # 2. `eyas train` STEPS steps from the store (offline);
 # 3. `eyas train --stream` STEPS steps from DATA_DIR with the same seed, budget and dtype (the same batches), the
 #    producer on the same GPU; the filesystem's free bytes before and after, and the run's size;
+# 4. `eyas train --online` the same steps (the target in the trainer, each batch captured before its step: no overlap);
 # then one table: tokens/s of each (the trainer's own count over its steps' time; and over the second half of the steps,
-# compile warm-ups excluded), the seconds each waited for its data, their ratio, the disk each used.
-# Results under $OUT/stream (both runs' metrics.jsonl and report.json, the logs, summary.json).
+# compile warm-ups excluded), the seconds each waited for its data, the GPU's utilisation meanwhile (nvidia-smi, the
+# share of time some kernel ran), the ratios to offline, the disk each used; the streamed log ends with the producer's
+# line (its capture time and its wait for room in the buffer).
+# Results under $OUT/stream (the runs' metrics.jsonl and report.json, the logs, util-*.csv, summary.json). On the device
+# machine $OUT is emptied at each call: a run that outlives its call writes under another OUT and copies it back.
 set -uo pipefail
 DATA=$1 STEPS=$2 BUDGET=${3:-32768} DTYPE=${4:-bf16}
 TARGET=${TARGET:-~/stage/smollm2.gguf}
 WORK=${WORK:-~/stream-bench}
 RESULTS=${OUT:-.}/stream
 mkdir -p "$WORK" "$RESULTS"
-rm -rf "$WORK/features" "$WORK/offline" "$WORK/streamed"
+rm -rf "$WORK/features" "$WORK/offline" "$WORK/streamed" "$WORK/online"
 COMMON=(--target "$TARGET" --max-steps "$STEPS" --token-budget "$BUDGET" --checkpoint-every "$STEPS" --keep 1
         --eval-batches 10)
 free() { df -B1 --output=avail "$WORK" | tail -n 1; }
 
+sampled() {  # PHASE CMD...: CMD, its output in $RESULTS/PHASE.log; the GPU's utilisation every 200 ms meanwhile in
+  # $RESULTS/util-PHASE.csv (where nvidia-smi exists): the share of time some kernel ran, for the summary
+  local phase=$1 sampler=; shift
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$RESULTS/util-$phase.csv" 2>/dev/null &
+    sampler=$!
+  fi
+  "$@" > "$RESULTS/$phase.log" 2>&1; local rc=$?
+  [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
+  [ $rc = 0 ] || { tail -5 "$RESULTS/$phase.log"; exit 1; }
+}
+
 start=$SECONDS
-python3 -m eyas capture --target "$TARGET" --data "$DATA" --out "$WORK/features" --dtype "$DTYPE" \
-  --token-budget "$BUDGET" > "$RESULTS/capture.log" 2>&1 || { tail -5 "$RESULTS/capture.log"; exit 1; }
+sampled capture python3 -m eyas capture --target "$TARGET" --data "$DATA" --out "$WORK/features" --dtype "$DTYPE" \
+  --token-budget "$BUDGET"
 capture_s=$(( SECONDS - start ))
-python3 -m eyas train --features "$WORK/features" --out "$WORK/offline" "${COMMON[@]}" > "$RESULTS/offline.log" 2>&1 \
-  || { tail -5 "$RESULTS/offline.log"; exit 1; }
+sampled offline python3 -m eyas train --features "$WORK/features" --out "$WORK/offline" "${COMMON[@]}"
 before=$(free)
-python3 -m eyas train --data "$DATA" --stream --stream-dtype "$DTYPE" --out "$WORK/streamed" "${COMMON[@]}" \
-  > "$RESULTS/streamed.log" 2>&1 || { tail -5 "$RESULTS/streamed.log"; exit 1; }
+sampled streamed python3 -m eyas train --data "$DATA" --stream --stream-dtype "$DTYPE" --out "$WORK/streamed" "${COMMON[@]}"
 after=$(free)
-for run in offline streamed; do
+# the target inside the trainer, capturing each batch before its step (no overlap): what the stream must beat
+sampled online python3 -m eyas train --data "$DATA" --online --out "$WORK/online" "${COMMON[@]}"
+for run in offline streamed online; do
   cp "$WORK/$run/report.json" "$RESULTS/report-$run.json"; cp "$WORK/$run/metrics.jsonl" "$RESULTS/metrics-$run.jsonl"
 done
 python3 - "$RESULTS" "$WORK" "$capture_s" "$before" "$after" <<'PY'
@@ -45,27 +61,40 @@ results, work, capture_s, before, after = pathlib.Path(sys.argv[1]), pathlib.Pat
     int(sys.argv[4]), int(sys.argv[5])
 size = lambda p: int(subprocess.run(["du", "-sb", str(p)], capture_output=True, text=True).stdout.split()[0])
 rows = {}
-for run in ("offline", "streamed"):
+def utilisation(phase):  # the mean GPU utilisation over the middle half of the phase's samples (None: not sampled)
+    path = results / f"util-{phase}.csv"
+    samples = [float(x) for x in path.read_text().split()] if path.exists() else []
+    middle = samples[len(samples) // 4: 3 * len(samples) // 4]
+    return sum(middle) / len(middle) / 100 if middle else None
+
+
+for run in ("offline", "streamed", "online"):
     report = json.loads((results / f"report-{run}.json").read_text())
     steps = [json.loads(line) for line in (results / f"metrics-{run}.jsonl").read_text().splitlines() if '"tokens_per_s"' in line]
     # the second half's rate (compile warm-ups excluded) from each step's cumulative tokens/s and tokens
     done = [(sum(s["tokens"] for s in steps[: i + 1]), s["tokens_per_s"]) for i, s in enumerate(steps)]
     (t0, r0), (t1, r1) = done[len(done) // 2], done[-1]
     rows[run] = {"tokens": report["tokens"], "seconds": report["seconds"], "tokens_per_s": report["tokens"] / report["seconds"],
-                 "second_half_tokens_per_s": (t1 - t0) / (t1 / r1 - t0 / r0), "data_wait_s": steps[-1].get("data_wait_s")}
+                 "second_half_tokens_per_s": (t1 - t0) / (t1 / r1 - t0 / r0), "data_wait_s": steps[-1].get("data_wait_s"),
+                 "gpu_utilisation": utilisation(run)}
 checkpoint = max((p for p in (work / "streamed" / "checkpoints").iterdir()), key=lambda p: p.name)
 summary = {**rows, "ratio": rows["streamed"]["tokens_per_s"] / rows["offline"]["tokens_per_s"],
            "second_half_ratio": rows["streamed"]["second_half_tokens_per_s"] / rows["offline"]["second_half_tokens_per_s"],
+           "online_second_half_ratio": rows["online"]["second_half_tokens_per_s"] / rows["offline"]["second_half_tokens_per_s"],
+           "capture_gpu_utilisation": utilisation("capture"),
            "final_weights_bytes": size(work / "streamed" / "final"),
            "capture_seconds": capture_s, "store_bytes": size(work / "features"),
            "streamed_disk_used_bytes": before - after, "streamed_run_bytes": size(work / "streamed"),
            "one_checkpoint_bytes": size(checkpoint)}
 (results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-print(f"| run | tokens | seconds | tokens/s | second half tokens/s | waited for data |\n|---|---|---|---|---|---|")
+print("| run | tokens | seconds | tokens/s | second half tokens/s | waited for data | GPU utilisation |\n"
+      "|---|---|---|---|---|---|---|")
 for run, row in rows.items():
+    busy = "—" if row["gpu_utilisation"] is None else f"{row['gpu_utilisation']:.0%}"
     print(f"| {run} | {row['tokens']:,} | {row['seconds']:.1f} | {row['tokens_per_s']:,.0f} | "
-          f"{row['second_half_tokens_per_s']:,.0f} | {row['data_wait_s'] or 0:.1f} s |")
-print(f"streamed / offline: {summary['ratio']:.3f} (second half {summary['second_half_ratio']:.3f}); capture "
+          f"{row['second_half_tokens_per_s']:,.0f} | {row['data_wait_s'] or 0:.1f} s | {busy} |")
+print(f"streamed / offline: {summary['ratio']:.3f} (second half {summary['second_half_ratio']:.3f}; online's "
+      f"{summary['online_second_half_ratio']:.3f}); capture "
       f"{capture_s:.1f} s, store {summary['store_bytes']:,} B; streamed run: disk used {summary['streamed_disk_used_bytes']:,} B, "
       f"run dir {summary['streamed_run_bytes']:,} B: one checkpoint {summary['one_checkpoint_bytes']:,} B and the final "
       f"weights {summary['final_weights_bytes']:,} B")

@@ -4,6 +4,7 @@ producer or trainer killed with -9 resumes to the same weights; a full buffer ho
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -172,7 +173,7 @@ def test_killed_trainer_takes_its_producer_along_and_resume_is_identical(setup, 
     zoo.assert_same_final_weights(clean, run)
 
 
-def test_a_full_buffer_holds_the_producer_back(setup):
+def test_a_full_buffer_holds_the_producer_back(setup, capfd):
     """Back-pressure: with nobody taking batches the producer captures --stream-depth of them and waits."""
     from eyas.train.stream.producer import ProducerSpec
     from eyas.train.stream.source import Stream
@@ -193,6 +194,10 @@ def test_a_full_buffer_holds_the_producer_back(setup):
     finally:
         stream.close()
     assert not stream.process.is_alive()
+    # its one line at the end says where its time went: the third batch waited over a second for room
+    said = re.search(r"the producer captured (\d+) training batches \(([\d,]+) tokens\) in [\d.]+ s \([\d,]+ tokens/s\) "
+                     r"and waited ([\d.]+) s for room", capfd.readouterr().err)
+    assert said and int(said[1]) in (3, 4) and float(said[3]) >= 0.9
 
 
 def test_a_producer_that_cannot_start_ends_the_run_in_one_line(setup, tmp_path):

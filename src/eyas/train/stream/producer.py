@@ -16,6 +16,7 @@ import os
 import queue
 import signal
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -154,6 +155,7 @@ class _Producer:
     def __init__(self, capture, commands, batches, holdouts, parent: int, train: tuple, held: tuple):
         self.capture, self.commands, self.batches, self.holdouts = capture, commands, batches, holdouts
         self.parent, self.train, self.held = parent, train, held
+        self.captured, self.tokens, self.capture_s, self.room_s = 0, 0, 0.0, 0.0  # training batches: its one line
 
     def run(self) -> None:
         start = None
@@ -161,18 +163,26 @@ class _Producer:
             start = self.serve(self.next_command(block=True))
         for key in rank_order(self.train[1], *start[1:]):
             self.serve_pending()  # an evaluation waits for no training batch
+            began = time.perf_counter()
             message = ("train", key, self.capture(self.train, key[2]))
+            captured = time.perf_counter()
+            self.captured, self.tokens = self.captured + 1, self.tokens + sum(message[2]["lengths"])
             while True:  # back-pressure: wait for room, answering holdout requests meanwhile
                 try:
                     self.batches.put(message, timeout=WAIT_S)
                     break
                 except queue.Full:
                     self.serve_pending()
+            self.capture_s, self.room_s = self.capture_s + captured - began, self.room_s + time.perf_counter() - captured
 
     def serve(self, command) -> tuple | None:
         """Answer a holdout request; a train command is returned to the caller; a stop ends the producer."""
         if command[0] == "stop":
             self.batches.cancel_join_thread()  # what it captured ahead is dropped: exit without waiting for a reader
+            if self.captured:  # where a stream's time went: capturing, or waiting for the trainer to take batches
+                print(f"stream: the producer captured {self.captured} training batches ({self.tokens:,} tokens) in "
+                      f"{self.capture_s:.1f} s ({self.tokens / max(self.capture_s, 1e-9):,.0f} tokens/s) and waited "
+                      f"{self.room_s:.1f} s for room in the buffer", file=sys.stderr, flush=True)
             raise _Stopped
         if command[0] == "holdout":
             self.holdouts.put(("holdout", (0, 0, command[1]), self.capture(self.held, command[1])))
