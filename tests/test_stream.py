@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +59,32 @@ def test_streamed_weights_equal_an_offline_run_from_a_store_of_the_same_batches(
     # each step's line says how long this segment has waited for its data so far (here the producer's capture)
     waits = [m["data_wait_s"] for m in metrics(tmp_path / "streamed") if "loss" in m]
     assert waits == sorted(waits) and waits[-1] > 0
+
+
+def test_a_producer_thread_streams_the_same_weights_and_a_run_may_switch_producers_on_resume(setup, tmp_path):
+    """--stream-producer thread: the same capture in a thread of the trainer's process (no copies between processes);
+    its run equals a store's, and a run begun with a thread resumes with a process as one begun with a process does."""
+    target, data, _ = setup
+    features = tmp_path / "features"
+    capture(CaptureOptions(target=target, data=data, out=features, dtype="bf16", token_budget=BUDGET, max_batch=64))
+    train(opts(target, tmp_path / "offline", features=features))
+    threaded = train(opts(target, tmp_path / "thread", data=data, stream=True, stream_producer="thread"))
+    zoo.assert_same_final_weights(tmp_path / "offline", tmp_path / "thread")
+    assert threaded.final_eval != {}
+    assert not [t for t in threading.enumerate() if t.name == "eyas-stream-producer"]  # it stopped with the run
+    for run, first in (("processes", "process"), ("switched", "thread")):  # 3 steps, then resumed to 6 by a process
+        train(opts(target, tmp_path / run, data=data, stream=True, stream_producer=first, max_steps=3))
+        assert train(opts(target, tmp_path / run, data=data, stream=True, max_steps=6, resume=True)).resumed_from == 3
+    zoo.assert_same_final_weights(tmp_path / "processes", tmp_path / "switched")
+
+
+def test_a_producer_thread_that_fails_ends_the_run_in_one_line(setup, tmp_path):
+    target, data, _ = setup
+    with pytest.raises(EyasError, match="the stream's producer failed: .*cuda") as caught:
+        train(opts(target, tmp_path / "run", data=data, stream=True, stream_producer="thread", producer_device="cuda:3"))
+    assert "\n" not in str(caught.value)
+    with pytest.raises(EyasError, match="--stream-producer thread runs the target with HF"):
+        train(opts(target, tmp_path / "run2", data=data, stream=True, stream_producer="thread", stream_engine="vllm"))
 
 
 def test_the_loader_counts_the_time_the_trainer_waits_for_a_batch():
@@ -231,6 +258,7 @@ def test_a_streamed_run_resumes_only_as_a_stream(setup, tmp_path):
 
 
 @pytest.mark.parametrize("given, flags", [(dict(stream_depth=8), "--stream-depth configures"),
+                                          (dict(stream_producer="thread"), "--stream-producer configures"),
                                           (dict(stream_listen="h:1", vllm_args=["x=1"]), "--stream-listen, --vllm-arg")])
 def test_a_streams_options_without_stream_are_refused(setup, tmp_path, given, flags):
     target, data, _ = setup

@@ -72,6 +72,11 @@ class CommonTrainOptions(Options):
     producer_device: str | None = option(None, "--stream: where the producer runs the target with HF (default: the "
                                          "trainer's device; e.g. cuda:1, or cuda to spread a large target over every "
                                          "GPU)")
+    stream_producer: str = option("process", "--stream: how the producer on this host runs: process (a process of "
+                                  "its own: a failure or kill -9 of either side leaves the other to end cleanly) or "
+                                  "thread (HF, a thread of the trainer's process capturing on a CUDA stream of its own: "
+                                  "no copies between processes, and one GPU may run the capture's kernels beside the "
+                                  "training's)", check=one_of("process", "thread"))
     stream_listen: str | None = option(None, "--stream: wait at HOST:PORT for a producer on another host (it runs "
                                        "eyas produce --trainer HOST:PORT) instead of starting one here; gloo over TCP")
     stream_engine: str = option("hf", "--stream: what runs the target: hf (transformers, in the producer) or vllm "
@@ -88,8 +93,8 @@ class CommonTrainOptions(Options):
 
 
 # The options only --stream reads (a run without it would ignore them).
-STREAM_ONLY = ("stream_dtype", "stream_depth", "producer_device", "stream_listen", "stream_engine", "vllm_python",
-               "vllm_args")
+STREAM_ONLY = ("stream_dtype", "stream_depth", "producer_device", "stream_producer", "stream_listen", "stream_engine",
+               "vllm_python", "vllm_args")
 
 
 def _checked(options) -> None:
@@ -127,13 +132,13 @@ TrainOptions = dataclasses.make_dataclass(
 # What `--resume` may change: when the run ends (the step limit; the learning-rate schedule then stretches to the new
 # total), how often it checkpoints and how many it keeps, how it is distributed (the number of processes too, with
 # --grad-accum keeping a step's micro-batches: eyas.train.resume) and what code it may run, how the
-# TTT steps attend (the same result), where a stream's producer runs and how far ahead it may capture (the same
-# batches), and where RUN_DIR now lies. Any other change (lr, TTT steps, batching, seed,
+# TTT steps attend (the same result), where and how a stream's producer runs and how far ahead it may capture (the
+# same batches), and where RUN_DIR now lies. Any other change (lr, TTT steps, batching, seed,
 # eval size, drafter shape, layer ids, the target) would make RUN_DIR describe a run that never happened: it is refused.
 # The data (--features / --data / --online) is compared by content, not by path: a moved DATA_DIR or FEATURES_DIR
 # resumes.
 RESUMABLE = frozenset({"out", "max_steps", "epochs", "checkpoint_every", "keep", "fsdp", "trust_remote_code", "attention",
-                       "stream_depth", "producer_device", "vllm_python", "stream_listen"})
+                       "stream_depth", "producer_device", "stream_producer", "vllm_python", "stream_listen"})
 DATA_OPTIONS = ("features", "data", "online")
 
 

@@ -62,12 +62,13 @@ class ProducerSpec:
     vllm_engine: dict | None = None  # the LLM(...) arguments asked for
 
 
-def payload(pack) -> dict:
-    """A captured :class:`eyas.store.shards.Pack` as it travels: its host tensors (moved to shared memory by the
-    queue) and each sample's length."""
+def payload(pack, share: bool = True) -> dict:
+    """A captured :class:`eyas.store.shards.Pack` as it travels: its host tensors (in shared memory when ``share``, for
+    a queue to another process; as they are for a thread of the trainer's) and each sample's length."""
     if pack.ready is not None:  # copies from the GPU still in flight
         pack.ready.synchronize()
-    return {"lengths": list(pack.lengths), "tensors": {name: _shared(t) for name, t in pack.tensors.items()}}
+    return {"lengths": list(pack.lengths),
+            "tensors": {name: _shared(t) if share else t for name, t in pack.tensors.items()}}
 
 
 def _shared(tensor):
@@ -96,17 +97,35 @@ def produce(spec: ProducerSpec, commands, batches, holdouts) -> None:
     _die_with_parent()
     parent = os.getppid()
     try:
-        _serve(spec, commands, batches, holdouts, parent)
+        _serve(spec, commands, batches, holdouts, lambda: os.getppid() == parent, thread=False)
     except (_ParentGone, _Stopped):
         return
-    except BaseException as err:  # one line for the trainer (it ends the run with it), the trace on stderr
-        traceback.print_exc(file=sys.stderr)
-        line = str(err) if isinstance(err, EyasError) else f"{type(err).__name__}: {err}"
-        for channel in (batches, holdouts):  # whichever the trainer is waiting on
+    except BaseException as err:
+        line = _failure(err)
+        for channel in (holdouts, batches):  # the holdouts first: unbounded, while a full batches queue would block
             channel.put(("error", None, line))
             channel.close()
             channel.join_thread()
         sys.exit(1)
+
+
+def produce_in_thread(spec: ProducerSpec, commands, batches, holdouts) -> None:
+    """The producer as a thread of the trainer's process (``--stream-producer thread``): the same loop, its capture on
+    a CUDA stream of its own, the host tensors handed over as they are."""
+    try:
+        _serve(spec, commands, batches, holdouts, lambda: True, thread=True)
+    except _Stopped:
+        return
+    except BaseException as err:
+        line = _failure(err)
+        for channel in (holdouts, batches):  # as a process's
+            channel.put(("error", None, line))
+
+
+def _failure(err: BaseException) -> str:
+    """One line for the trainer (it ends the run with it: whichever channel it waits on says it); the trace on stderr."""
+    traceback.print_exc(file=sys.stderr)
+    return str(err) if isinstance(err, EyasError) else f"{type(err).__name__}: {err}"
 
 
 class _ParentGone(Exception):
@@ -117,25 +136,27 @@ class _Stopped(Exception):
     pass
 
 
-def _serve(spec: ProducerSpec, commands, batches, holdouts, parent: int) -> None:
+def _serve(spec: ProducerSpec, commands, batches, holdouts, alive, thread: bool) -> None:
     import torch
 
-    torch.set_grad_enabled(False)
-    with planned_capture(spec) as (train, held, capture):
-        _Producer(capture, commands, batches, holdouts, parent, train, held).run()
+    torch.set_grad_enabled(False)  # this thread's: a producer thread leaves the trainer's as it is
+    side = torch.cuda.Stream(torch.device(spec.device)) if thread and spec.device.startswith("cuda") else None
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), \
+            planned_capture(spec, share=not thread) as (train, held, capture):
+        _Producer(capture, commands, batches, holdouts, alive, train, held).run()
 
 
 @contextlib.contextmanager
-def planned_capture(spec: ProducerSpec):
+def planned_capture(spec: ProducerSpec, share: bool = True):
     """DATA_DIR planned as the trainer plans it and the target ready → (the train split, the holdout split — each
     (samples, batches) of :func:`eyas.train.data.planned_split` —, capture(split, batch) → :func:`payload`); the target
-    let go (a vLLM worker stopped) on leaving. Both producers', the local process's and ``eyas produce``'s."""
+    let go (a vLLM worker stopped) on leaving. Every producer's: a process's, a thread's, ``eyas produce``'s."""
     from eyas.train.data import planned_split
 
     train = planned_split(spec.data, "train", spec.token_budget, spec.multiple)
     held = planned_split(spec.data, "holdout", spec.token_budget, spec.multiple) if spec.holdout else ([], [])
     with _capturer(spec, max(len(s.input_ids) for s in [*train[0], *held[0]])) as capture_rows:
-        yield train, held, lambda split, batch: payload(capture_rows([split[0][i] for i in split[1][batch]]))
+        yield train, held, lambda split, batch: payload(capture_rows([split[0][i] for i in split[1][batch]]), share)
 
 
 def rank_order(batches: list, seed: int, epoch: int, index: int, rank: int, world: int):
@@ -152,9 +173,9 @@ class _Producer:
     """The producer's loop: holdout requests until training starts, then this rank's batches in order, each put into
     the bounded queue once there is room (requests answered while it waits)."""
 
-    def __init__(self, capture, commands, batches, holdouts, parent: int, train: tuple, held: tuple):
+    def __init__(self, capture, commands, batches, holdouts, alive, train: tuple, held: tuple):
         self.capture, self.commands, self.batches, self.holdouts = capture, commands, batches, holdouts
-        self.parent, self.train, self.held = parent, train, held
+        self.alive, self.train, self.held = alive, train, held  # alive(): the trainer is still there
         self.captured, self.tokens, self.capture_s, self.room_s = 0, 0, 0.0, 0.0  # training batches: its one line
 
     def run(self) -> None:
@@ -178,7 +199,8 @@ class _Producer:
     def serve(self, command) -> tuple | None:
         """Answer a holdout request; a train command is returned to the caller; a stop ends the producer."""
         if command[0] == "stop":
-            self.batches.cancel_join_thread()  # what it captured ahead is dropped: exit without waiting for a reader
+            if hasattr(self.batches, "cancel_join_thread"):  # a process's queue: what it captured ahead is dropped,
+                self.batches.cancel_join_thread()  # exit without waiting for a reader
             if self.captured:  # where a stream's time went: capturing, or waiting for the trainer to take batches
                 print(f"stream: the producer captured {self.captured} training batches ({self.tokens:,} tokens) in "
                       f"{self.capture_s:.1f} s ({self.tokens / max(self.capture_s, 1e-9):,.0f} tokens/s) and waited "
@@ -194,12 +216,12 @@ class _Producer:
             self.serve(pending)
 
     def next_command(self, block: bool):
-        """The trainer's next command (None when none waits and ``block`` is off); a parent gone ends the producer."""
+        """The trainer's next command (None when none waits and ``block`` is off); a trainer gone ends the producer."""
         while True:
             try:
                 return self.commands.get(timeout=WAIT_S) if block else self.commands.get_nowait()
             except queue.Empty:
-                if os.getppid() != self.parent:
+                if not self.alive():
                     raise _ParentGone from None
                 if not block:
                     return None

@@ -42,6 +42,7 @@ def _refuse_unread(options) -> None:
     """Producer options this run's producer would not read, refused in one line."""
     if options.stream_listen is not None:
         given = [flag for flag, value in (("--producer-device", options.producer_device),
+                                          ("--stream-producer", options.stream_producer != "process"),
                                           ("--stream-engine", options.stream_engine != "hf"),
                                           ("--vllm-arg", options.vllm_args), ("--vllm-python", options.vllm_python))
                  if value]
@@ -55,10 +56,13 @@ def _refuse_unread(options) -> None:
                                  options.vllm_args, options.vllm_python)
         if refusal:
             raise EyasError(refusal)
+        if options.stream_producer == "thread" and options.stream_engine == "vllm":
+            raise EyasError("--stream-producer thread runs the target with HF in the trainer's process; the vllm engine "
+                            "runs in a worker process of its own: leave --stream-producer out")
 
 
 def _local_stream(options, device, facts, data_dir, layer_ids, multiple, holdout):
-    """The producer as a process of this host (:class:`eyas.train.stream.source.Stream`)."""
+    """The producer on this host, a process or a thread (:class:`eyas.train.stream.source.Stream`)."""
     from eyas.capture.vllm_client import RESERVED_ARGS, parse_vllm_args
     from eyas.train.stream.producer import ProducerSpec
     from eyas.train.stream.source import Stream
@@ -71,7 +75,7 @@ def _local_stream(options, device, facts, data_dir, layer_ids, multiple, holdout
                         vllm_engine=parse_vllm_args(options.vllm_args, RESERVED_ARGS) if vllm else None)
     where = "with vLLM" if vllm else f"on {spec.device}"
     return Stream(spec, options.stream_depth, f"runs the target {where}, capturing {data_dir} at {spec.dtype} up to "
-                  f"{options.stream_depth} batches ahead of the trainer")
+                  f"{options.stream_depth} batches ahead of the trainer", thread=options.stream_producer == "thread")
 
 
 def _remote_stream(options, device, facts, data_dir, layer_ids, multiple, holdout):

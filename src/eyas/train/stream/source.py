@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from eyas.errors import EyasError
-from eyas.train.stream.producer import ProducerSpec, items, produce
+from eyas.train.stream.producer import ProducerSpec, items, produce, produce_in_thread
 from eyas.train.data import host_batch_to_device, padded_host_batch, planned_split
 
 POLL_S = 0.5  # how often a trainer waiting for a batch checks that the producer is alive
@@ -27,17 +27,27 @@ class StreamEnded(EyasError):
 
 
 class Stream:
-    """The producer's process and the queues to it (one per training process). The process starts when the trainer
-    first asks for data, after every check that can refuse the run: a refused run leaves no producer behind."""
+    """The producer — a process of its own, or with ``thread`` a thread of the trainer's process — and the queues to
+    it (one per training process). It starts when the trainer first asks for data, after every check that can refuse
+    the run: a refused run leaves no producer behind."""
 
-    def __init__(self, spec: ProducerSpec, depth: int, announce: str = ""):
-        self.spec, self.depth, self.announce = spec, depth, announce
-        self.process = None
+    def __init__(self, spec: ProducerSpec, depth: int, announce: str = "", thread: bool = False):
+        self.spec, self.depth, self.announce, self.thread = spec, depth, announce, thread
+        self.process = None  # the producer's process or thread
         self.started = False
 
     def _ensure(self) -> None:
-        """Spawn the producer (once), and say so."""
+        """Start the producer (once), and say so."""
         if self.process is not None:
+            return
+        if self.thread:
+            import threading
+
+            self.commands, self.batches, self.holdouts = queue.Queue(), queue.Queue(maxsize=self.depth), queue.Queue()
+            self.process = threading.Thread(target=produce_in_thread, name="eyas-stream-producer", daemon=True,
+                                            args=(self.spec, self.commands, self.batches, self.holdouts))
+            self.process.start()
+            print(f"stream: the producer (a thread of the trainer's process) {self.announce}", flush=True)
             return
         import torch.multiprocessing as mp
 
@@ -90,6 +100,8 @@ class Stream:
         if self.process.is_alive():
             self.commands.put(("stop",))
             self.process.join(timeout=STOP_S)
+        if self.thread:  # a thread still capturing its batch ends with the process (a daemon)
+            return
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout=30)
@@ -109,6 +121,8 @@ class Stream:
             shutil.rmtree(folder, ignore_errors=True)
 
     def _death(self) -> str:
+        if self.thread:  # it puts its failure on the channels before it ends: only a stop ends it silently
+            return "the stream's producer thread has stopped"
         self.process.join(timeout=5)
         self._remove_leftovers()
         code = self.process.exitcode
