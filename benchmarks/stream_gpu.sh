@@ -12,7 +12,8 @@
 # 2. `eyas train` STEPS steps from the store (offline);
 # 3. `eyas train --stream` STEPS steps from DATA_DIR with the same seed, budget and dtype (the same batches), the
 #    producer on the same GPU; the filesystem's free bytes before and after, and the run's size;
-# 4. `eyas train --online` the same steps (the target in the trainer, each batch captured before its step: no overlap);
+# 4. the same with `--stream-producer thread` (the producer a thread of the trainer's process);
+# 5. `eyas train --online` the same steps (the target in the trainer, each batch captured before its step: no overlap);
 # then one table: tokens/s of each (the trainer's own count over its steps' time; and over the second half of the steps,
 # compile warm-ups excluded), the seconds each waited for its data, the GPU's utilisation meanwhile (nvidia-smi, the
 # share of time some kernel ran), the ratios to offline, the disk each used; the streamed log ends with the producer's
@@ -25,7 +26,7 @@ TARGET=${TARGET:-~/stage/smollm2.gguf}
 WORK=${WORK:-~/stream-bench}
 RESULTS=${OUT:-.}/stream
 mkdir -p "$WORK" "$RESULTS"
-rm -rf "$WORK/features" "$WORK/offline" "$WORK/streamed" "$WORK/online"
+rm -rf "$WORK/features" "$WORK/offline" "$WORK/streamed" "$WORK/threaded" "$WORK/online"
 COMMON=(--target "$TARGET" --max-steps "$STEPS" --token-budget "$BUDGET" --checkpoint-every "$STEPS" --keep 1
         --eval-batches 10)
 free() { df -B1 --output=avail "$WORK" | tail -n 1; }
@@ -50,9 +51,12 @@ sampled offline python3 -m eyas train --features "$WORK/features" --out "$WORK/o
 before=$(free)
 sampled streamed python3 -m eyas train --data "$DATA" --stream --stream-dtype "$DTYPE" --out "$WORK/streamed" "${COMMON[@]}"
 after=$(free)
+# the producer as a thread of the trainer's process (its capture on a CUDA stream of its own)
+sampled threaded python3 -m eyas train --data "$DATA" --stream --stream-producer thread --stream-dtype "$DTYPE" \
+  --out "$WORK/threaded" "${COMMON[@]}"
 # the target inside the trainer, capturing each batch before its step (no overlap): what the stream must beat
 sampled online python3 -m eyas train --data "$DATA" --online --out "$WORK/online" "${COMMON[@]}"
-for run in offline streamed online; do
+for run in offline streamed threaded online; do
   cp "$WORK/$run/report.json" "$RESULTS/report-$run.json"; cp "$WORK/$run/metrics.jsonl" "$RESULTS/metrics-$run.jsonl"
 done
 python3 - "$RESULTS" "$WORK" "$capture_s" "$before" "$after" <<'PY'
@@ -68,7 +72,7 @@ def utilisation(phase):  # the mean GPU utilisation over the middle half of the 
     return sum(middle) / len(middle) / 100 if middle else None
 
 
-for run in ("offline", "streamed", "online"):
+for run in ("offline", "streamed", "threaded", "online"):
     report = json.loads((results / f"report-{run}.json").read_text())
     steps = [json.loads(line) for line in (results / f"metrics-{run}.jsonl").read_text().splitlines() if '"tokens_per_s"' in line]
     # the second half's rate (compile warm-ups excluded) from each step's cumulative tokens/s and tokens
@@ -80,7 +84,8 @@ for run in ("offline", "streamed", "online"):
 checkpoint = max((p for p in (work / "streamed" / "checkpoints").iterdir()), key=lambda p: p.name)
 summary = {**rows, "ratio": rows["streamed"]["tokens_per_s"] / rows["offline"]["tokens_per_s"],
            "second_half_ratio": rows["streamed"]["second_half_tokens_per_s"] / rows["offline"]["second_half_tokens_per_s"],
-           "online_second_half_ratio": rows["online"]["second_half_tokens_per_s"] / rows["offline"]["second_half_tokens_per_s"],
+           **{f"{run}_second_half_ratio": rows[run]["second_half_tokens_per_s"] / rows["offline"]["second_half_tokens_per_s"]
+              for run in ("threaded", "online")},
            "capture_gpu_utilisation": utilisation("capture"),
            "final_weights_bytes": size(work / "streamed" / "final"),
            "capture_seconds": capture_s, "store_bytes": size(work / "features"),
@@ -93,8 +98,8 @@ for run, row in rows.items():
     busy = "—" if row["gpu_utilisation"] is None else f"{row['gpu_utilisation']:.0%}"
     print(f"| {run} | {row['tokens']:,} | {row['seconds']:.1f} | {row['tokens_per_s']:,.0f} | "
           f"{row['second_half_tokens_per_s']:,.0f} | {row['data_wait_s'] or 0:.1f} s | {busy} |")
-print(f"streamed / offline: {summary['ratio']:.3f} (second half {summary['second_half_ratio']:.3f}; online's "
-      f"{summary['online_second_half_ratio']:.3f}); capture "
+print(f"streamed / offline: {summary['ratio']:.3f} (second half {summary['second_half_ratio']:.3f}; a producer thread's "
+      f"{summary['threaded_second_half_ratio']:.3f}, online's {summary['online_second_half_ratio']:.3f}); capture "
       f"{capture_s:.1f} s, store {summary['store_bytes']:,} B; streamed run: disk used {summary['streamed_disk_used_bytes']:,} B, "
       f"run dir {summary['streamed_run_bytes']:,} B: one checkpoint {summary['one_checkpoint_bytes']:,} B and the final "
       f"weights {summary['final_weights_bytes']:,} B")
