@@ -2,6 +2,8 @@
 sees only the context before its anchor and itself; the loss is the slots' weighted cross-entropy; the published
 layer-id rule in eyas' meaning."""
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -204,6 +206,36 @@ def test_eyas_check_holds_a_dflash_directory_to_what_vllm_loads(tmp_path):
         path.write_text(json.dumps(config))
         errors = check_draft_dir(tmp_path / "draft").errors
         assert any(says in e for e in errors), (says, errors)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda c: c["dflash_config"].update(mask_token_id=VOCAB), f"mask_token_id {VOCAB} is outside the vocabulary"),
+    (lambda c: c["dflash_config"].update(mask_token_id="7"), "mask_token_id '7' is outside the vocabulary"),
+    (lambda c: c.update(block_size="x"), "block_size is 'x': a DFlash drafter needs a whole number"),
+    (lambda c: c.update(rms_norm_eps=-1), "rms_norm_eps is -1: a DFlash drafter needs a positive number"),
+    (lambda c: c.update(dflash_config=[1]), "dflash_config is [1]: an object"),
+    (lambda c: c.pop("eagle_aux_hidden_state_layer_ids") and c["dflash_config"].update(target_layer_ids="0,2"),
+     "needs its target layer ids"),
+])
+def test_a_hand_edited_dflash_config_is_one_line_naming_the_field_wherever_it_is_read(tmp_path, change, says):
+    """Loading a DFlash directory (eyas bench, eyas generate) reads config.json by the rule eyas check does: a field
+    of the wrong kind or out of range is one line naming it, not a traceback or an IndexError in the first round."""
+    import json
+
+    from eyas.errors import EyasError
+    from eyas.export.check import check_draft_dir
+    from eyas.families.dflash.export import load_dflash_dir, write_dflash_dir
+
+    drafter, _, _ = build(layers=2)
+    write_dflash_dir(tmp_path / "draft", drafter, "bf16", max_position_embeddings=2048)
+    path = tmp_path / "draft" / "config.json"
+    config = json.loads(path.read_text())
+    change(config)
+    path.write_text(json.dumps(config))
+    with pytest.raises(EyasError, match=re.escape(says)) as caught:
+        load_dflash_dir(tmp_path / "draft")
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+    assert any(says in e for e in check_draft_dir(tmp_path / "draft").errors)
 
 
 def test_coverage_passes_add_up_to_one_forward_over_every_block():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from eyas.errors import EyasError
 from eyas.target.layer_ids import from_output_spelling, output_spelling
 
 
@@ -97,3 +98,34 @@ def default_dflash_layer_ids(target_layers: int, draft_layers: int) -> list[int]
 def dflash_ids(layer_ids: list[int]) -> list[int]:
     """eyas ids → DFlash's ``target_layer_ids`` (the output of layer i = the input of layer i + 1), as a list."""
     return list(output_spelling(layer_ids))
+
+
+class ConfigFields:
+    """A block drafter's config.json read field by field (DFlash's, and DSpark's, whose backbone is DFlash's): a field
+    of the wrong kind or out of range is one line naming it, never a traceback or a later IndexError."""
+
+    def __init__(self, config: dict, where: str, family: str):
+        self.config, self.where, self.family = config, where, family
+
+    def whole(self, name: str, default: int | None = None) -> int:
+        """``config[name]`` (``default`` when absent or null) as a whole number ≥ 1."""
+        value = self.config.get(name)
+        value = default if value is None else value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise EyasError(f"{self.where}: {name} is {value!r}: a {self.family} drafter needs a whole number ≥ 1")
+        return value
+
+    def real(self, name: str, default: float) -> float:
+        """``config[name]`` (``default`` when absent) as a positive number."""
+        value = self.config.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise EyasError(f"{self.where}: {name} is {value!r}: a {self.family} drafter needs a positive number")
+        return float(value)
+
+    def mask_token(self, vocab: int) -> int:
+        """The mask token id (dflash_config's, else the config's own), which must name a row of the vocabulary."""
+        mask = (self.config.get("dflash_config") or {}).get("mask_token_id", self.config.get("mask_token_id"))
+        if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < vocab:
+            raise EyasError(f"{self.where}: mask_token_id {mask!r} is outside the vocabulary (0 … {vocab - 1}): a "
+                            "block's mask slots embed that token")
+        return mask

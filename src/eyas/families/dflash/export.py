@@ -18,7 +18,7 @@ import torch
 
 from eyas.errors import EyasError
 from eyas.export.files import TORCH_DTYPES, safetensors_header, torch_dtype_name, weight_files, write_draft_dir
-from eyas.families.dflash.config import ARCHITECTURE, DFlashConfig, dflash_ids
+from eyas.families.dflash.config import ARCHITECTURE, ConfigFields, DFlashConfig, dflash_ids
 from eyas.families.dflash.model import DFlashDrafter
 from eyas.target.layer_ids import from_output_spelling
 
@@ -58,27 +58,31 @@ def write_dflash_dir(out: Path, drafter: DFlashDrafter, dtype: str, max_position
 
 
 def config_from_json(config: dict, where: str = "config.json") -> DFlashConfig:
-    """A DFlash config.json (eyas' or the published layout) → DFlashConfig; the eyas ids from
-    eagle_aux_hidden_state_layer_ids, else DFlash's target_layer_ids + 1."""
-    if ARCHITECTURE not in config.get("architectures", []):
+    """A DFlash config.json (eyas' or the published layout) → DFlashConfig, every field checked (one line naming a
+    field of the wrong kind or out of range); the eyas ids from eagle_aux_hidden_state_layer_ids, else DFlash's
+    target_layer_ids + 1."""
+    if ARCHITECTURE not in (config.get("architectures") or []):
         raise EyasError(f"{where}: architectures {config.get('architectures')} is not [{ARCHITECTURE!r}]: not a DFlash drafter")
     flash = config.get("dflash_config") or {}
+    if not isinstance(flash, dict):
+        raise EyasError(f"{where}: dflash_config is {flash!r}: an object (mask_token_id, target_layer_ids)")
     ids = config.get("eagle_aux_hidden_state_layer_ids")
-    if ids is None and flash.get("target_layer_ids") is not None:
-        ids = list(from_output_spelling(flash["target_layer_ids"]))
-    mask = flash.get("mask_token_id", config.get("mask_token_id"))
-    if ids is None or mask is None or "block_size" not in config:
-        raise EyasError(f"{where}: a DFlash config needs block_size, dflash_config.mask_token_id and the target layer ids")
-    heads = int(config["num_attention_heads"])
+    spelt = flash.get("target_layer_ids")
+    if ids is None and isinstance(spelt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in spelt):
+        ids = list(from_output_spelling(spelt))
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise EyasError(f"{where}: a DFlash config needs its target layer ids (eagle_aux_hidden_state_layer_ids, or "
+                        f"dflash_config.target_layer_ids): a list of whole numbers, not {ids if ids is not None else spelt!r}")
+    field = ConfigFields(config, where, "DFlash")
+    hidden, heads, vocab = field.whole("hidden_size"), field.whole("num_attention_heads"), field.whole("vocab_size")
     return DFlashConfig(
-        hidden_size=int(config["hidden_size"]), target_hidden_size=int(config.get("target_hidden_size") or config["hidden_size"]),
-        num_hidden_layers=int(config["num_hidden_layers"]), num_attention_heads=heads,
-        num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
-        intermediate_size=int(config["intermediate_size"]), vocab_size=int(config["vocab_size"]),
-        block_size=int(config["block_size"]), mask_token_id=int(mask), layer_ids=[int(i) for i in ids],
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(config.get("rope_theta", 1_000_000.0)),
-        max_position_embeddings=int(config.get("max_position_embeddings") or 32768))
+        hidden_size=hidden, target_hidden_size=field.whole("target_hidden_size", hidden),
+        num_hidden_layers=field.whole("num_hidden_layers"), num_attention_heads=heads,
+        num_key_value_heads=field.whole("num_key_value_heads", heads), head_dim=field.whole("head_dim", hidden // heads or None),
+        intermediate_size=field.whole("intermediate_size"), vocab_size=vocab, block_size=field.whole("block_size"),
+        mask_token_id=field.mask_token(vocab), layer_ids=list(ids), rms_norm_eps=field.real("rms_norm_eps", 1e-6),
+        rope_theta=field.real("rope_theta", 1_000_000.0),
+        max_position_embeddings=field.whole("max_position_embeddings", 32768))
 
 
 def load_dflash_dir(directory: Path, dtype: torch.dtype = torch.float32) -> DFlashDrafter:
@@ -132,8 +136,6 @@ def dflash_problems(directory: Path, config: dict, target=None) -> list[str]:
     if flash_ids is not None and list(flash_ids) != dflash_ids(parsed.layer_ids):
         problems.append(f"{where}: dflash_config.target_layer_ids {list(flash_ids)} and eagle_aux_hidden_state_layer_ids "
                         f"{parsed.layer_ids} name different states (DFlash's ids are eyas ids − 1)")
-    if not 0 <= parsed.mask_token_id < parsed.vocab_size:
-        problems.append(f"{where}: mask_token_id {parsed.mask_token_id} is outside the vocabulary (0 … {parsed.vocab_size - 1})")
     if parsed.block_size < 2:
         problems.append(f"{where}: block_size {parsed.block_size}: a block needs its anchor and at least one mask slot")
     if target is not None:

@@ -22,7 +22,7 @@ import torch
 
 from eyas.errors import EyasError
 from eyas.export.files import TORCH_DTYPES, safetensors_header, weight_files, write_draft_dir
-from eyas.families.dflash.config import dflash_ids
+from eyas.families.dflash.config import ConfigFields, dflash_ids
 from eyas.families.dflash.export import dflash_config_json
 from eyas.families.dspark.config import ARCHITECTURE, DSparkConfig
 from eyas.families.dspark.model import DSparkDrafter
@@ -57,23 +57,6 @@ def write_dspark_dir(out: Path, drafter: DSparkDrafter, dtype: str, max_position
     return write_draft_dir(out, dspark_config_json(drafter.config, dtype, max_position_embeddings), tensors, card)
 
 
-def _whole(config: dict, name: str, where: str, default: int | None = None) -> int:
-    """``config[name]`` (``default`` when absent or null) as a whole number ≥ 1, or one line naming the field."""
-    value = config.get(name)
-    value = default if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise EyasError(f"{where}: {name} is {value!r}: a DSpark drafter needs a whole number ≥ 1")
-    return value
-
-
-def _real(config: dict, name: str, where: str, default: float) -> float:
-    """``config[name]`` (``default`` when absent) as a positive number, or one line naming the field."""
-    value = config.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise EyasError(f"{where}: {name} is {value!r}: a DSpark drafter needs a positive number")
-    return float(value)
-
-
 def config_from_json(config: dict, where: str = "config.json") -> DSparkConfig:
     """A DSpark config.json (eyas' or DeepSpec's layout) → DSparkConfig, every field checked (one line naming a field
     of the wrong kind or out of range); the eyas ids from eagle_aux_hidden_state_layer_ids, else the DFlash-spelt
@@ -103,24 +86,20 @@ def config_from_json(config: dict, where: str = "config.json") -> DSparkConfig:
     if config.get("markov_head_type", "vanilla") != "vanilla":
         raise EyasError(f"{where}: markov_head_type {config.get('markov_head_type')!r}: eyas (and vLLM) read the "
                         "'vanilla' Markov head only")
-    hidden, heads = _whole(config, "hidden_size", where), _whole(config, "num_attention_heads", where)
-    kv_heads = _whole(config, "num_key_value_heads", where, heads)
+    field = ConfigFields(config, where, "DSpark")
+    hidden, heads = field.whole("hidden_size"), field.whole("num_attention_heads")
+    kv_heads = field.whole("num_key_value_heads", heads)
     if heads % kv_heads:
         raise EyasError(f"{where}: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
-    vocab = _whole(config, "vocab_size", where)
-    mask = flash.get("mask_token_id", config.get("mask_token_id"))
-    if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < vocab:
-        raise EyasError(f"{where}: mask_token_id {mask!r} is outside the vocabulary (0 … {vocab - 1}): a block's mask "
-                        "slots embed that token")
+    vocab = field.whole("vocab_size")
     return DSparkConfig(
-        hidden_size=hidden, target_hidden_size=_whole(config, "target_hidden_size", where, hidden),
-        num_hidden_layers=_whole(config, "num_hidden_layers", where), num_attention_heads=heads,
-        num_key_value_heads=kv_heads, head_dim=_whole(config, "head_dim", where, hidden // heads or None),
-        intermediate_size=_whole(config, "intermediate_size", where), vocab_size=vocab,
-        block_size=_whole(config, "block_size", where), mask_token_id=mask, layer_ids=list(ids),
-        rms_norm_eps=_real(config, "rms_norm_eps", where, 1e-6), rope_theta=_real(config, "rope_theta", where, 1e6),
-        max_position_embeddings=_whole(config, "max_position_embeddings", where, 32768),
-        markov_rank=_whole(config, "markov_rank", where), confidence_head=confidence)
+        hidden_size=hidden, target_hidden_size=field.whole("target_hidden_size", hidden),
+        num_hidden_layers=field.whole("num_hidden_layers"), num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=field.whole("head_dim", hidden // heads or None), intermediate_size=field.whole("intermediate_size"),
+        vocab_size=vocab, block_size=field.whole("block_size"), mask_token_id=field.mask_token(vocab),
+        layer_ids=list(ids), rms_norm_eps=field.real("rms_norm_eps", 1e-6), rope_theta=field.real("rope_theta", 1e6),
+        max_position_embeddings=field.whole("max_position_embeddings", 32768), markov_rank=field.whole("markov_rank"),
+        confidence_head=confidence)
 
 
 def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
