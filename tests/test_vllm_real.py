@@ -414,7 +414,10 @@ def test_dspark_export_is_what_vllms_dspark_loader_reads_and_the_cpu_build_refus
 def test_streamed_training_from_vllm_equals_training_from_its_store(tmp_path):
     """eyas train --stream --stream-engine vllm: the vLLM worker asked for one training batch at a time, its files in
     shared memory; the weights are those of a run from a store vLLM captured of the same samples (a DATA_DIR listed in
-    id order, captured with the training's token budget), and nothing but the run is written."""
+    id order, captured with the training's token budget), and nothing but the run is written. The same from another
+    host: --stream-listen and eyas produce --engine vllm (here over 127.0.0.1)."""
+    import socket
+
     from safetensors.torch import load_file
 
     torch.manual_seed(0)
@@ -437,10 +440,23 @@ def test_streamed_training_from_vllm_equals_training_from_its_store(tmp_path):
                      *common)
     assert streamed.returncode == 0, streamed.stderr[-2000:]
     assert "runs the target with vLLM" in streamed.stdout
-    a, b = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("offline", "streamed"))
-    worst = max(float((a[name] - b[name]).abs().max()) for name in a)
-    print(f"streamed from vLLM vs offline from vLLM's store: largest weight difference {worst:.3g}")
-    assert worst == 0.0
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    producer = subprocess.Popen([sys.executable, "-m", "eyas", "produce", "--trainer", f"127.0.0.1:{port}", "--target",
+                                 str(target), "--data", str(data), "--engine", "vllm", "--vllm-python", _vllm_python()],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    remote = _eyas("train", "--data", str(data), "--stream", "--stream-listen", f"127.0.0.1:{port}", "--out",
+                   str(tmp_path / "remote"), "--layer-ids", ",".join(map(str, LAYER_IDS)), *common)
+    said = producer.communicate(timeout=600)[0]
+    assert remote.returncode == 0, remote.stderr[-2000:]
+    assert producer.returncode == 0 and "the trainer stopped the stream" in said, said[-3000:]
+    a, b, c = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("offline", "streamed", "remote"))
+    for run, other in (("streamed", b), ("remote", c)):
+        worst = max(float((a[name] - other[name]).abs().max()) for name in a)
+        print(f"{run} from vLLM vs offline from vLLM's store: largest weight difference {worst:.3g}")
+        assert worst == 0.0, run
     if before or Path("/dev/shm").is_dir():
         assert set(Path("/dev/shm").iterdir()) == before  # the worker's files are gone with it
 
