@@ -262,7 +262,7 @@ def _steps(run: _Run) -> None:
                 raise EyasError(_stream_ended(run, ended, time.perf_counter() - started)) from None
             segment_tokens += tokens
             accuracy = _record(run, tokens, tallies, grad_norm, segment_tokens / max(time.perf_counter() - started, 1e-9))
-            run.record["data_wait_s"] = loader.waited  # this segment's, so far: what reading or a producer cost it
+            run.record["data_wait_s"] = waited = loader.waited  # this segment's so far: what reading or a producer cost
             _check_learning(run)
             stopping = stop.agreed() and run.step < run.total_steps  # every rank stops after the same step
             try:
@@ -272,7 +272,9 @@ def _steps(run: _Run) -> None:
                     run.metrics.write(run.record)
                 raise EyasError(_stream_ended(run, ended, time.perf_counter() - started)) from None
             bar(1)
-            bar.note(f"loss {run.record['loss']:.3f} acc₀ {accuracy[0]:.3f} {run.record['tokens_per_s']:,.0f} tok/s")
+            share = waited / max(time.perf_counter() - started, 1e-9)  # shown once it matters (a slow disk or producer)
+            bar.note(f"loss {run.record['loss']:.3f} acc₀ {accuracy[0]:.3f} {run.record['tokens_per_s']:,.0f} tok/s"
+                     + (f", {share:.0%} waiting for data" if share >= 0.05 else ""))
             if stopping:
                 run.report.stopped_by, run.report.exit_code = stop.signal_name, stop.exit_code
                 break
