@@ -63,7 +63,7 @@ def test_streamed_weights_equal_an_offline_run_from_a_store_of_the_same_batches(
 
 def test_a_producer_thread_streams_the_same_weights_and_a_run_may_switch_producers_on_resume(setup, tmp_path):
     """--stream-producer thread: the same capture in a thread of the trainer's process (no copies between processes);
-    its run equals a store's, and a run begun with a thread resumes with a process as one begun with a process does."""
+    its run equals a store's, and a run begun with a process resumes with a thread as one begun with a thread does."""
     target, data, _ = setup
     features = tmp_path / "features"
     capture(CaptureOptions(target=target, data=data, out=features, dtype="bf16", token_budget=BUDGET, max_batch=64))
@@ -72,10 +72,12 @@ def test_a_producer_thread_streams_the_same_weights_and_a_run_may_switch_produce
     zoo.assert_same_final_weights(tmp_path / "offline", tmp_path / "thread")
     assert threaded.final_eval != {}
     assert not [t for t in threading.enumerate() if t.name == "eyas-stream-producer"]  # it stopped with the run
-    for run, first in (("processes", "process"), ("switched", "thread")):  # 3 steps, then resumed to 6 by a process
+    for run, first in (("threads", "thread"), ("switched", "process")):  # 3 steps, then resumed to 6 by a thread
         train(opts(target, tmp_path / run, data=data, stream=True, stream_producer=first, max_steps=3))
-        assert train(opts(target, tmp_path / run, data=data, stream=True, max_steps=6, resume=True)).resumed_from == 3
-    zoo.assert_same_final_weights(tmp_path / "processes", tmp_path / "switched")
+        resumed = train(opts(target, tmp_path / run, data=data, stream=True, stream_producer="thread", max_steps=6,
+                             resume=True))
+        assert resumed.resumed_from == 3
+    zoo.assert_same_final_weights(tmp_path / "threads", tmp_path / "switched")
 
 
 def test_a_producer_thread_that_fails_ends_the_run_in_one_line(setup, tmp_path):

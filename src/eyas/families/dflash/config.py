@@ -101,7 +101,7 @@ def dflash_ids(layer_ids: list[int]) -> list[int]:
 
 
 class ConfigFields:
-    """A block drafter's config.json read field by field (DFlash's, and DSpark's, whose backbone is DFlash's): a field
+    """A block drafter's config.json read field by field (DFlash's, and every family's built on its backbone): a field
     of the wrong kind or out of range is one line naming it, never a traceback or a later IndexError."""
 
     def __init__(self, config: dict, where: str, family: str):
