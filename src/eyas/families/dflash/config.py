@@ -104,8 +104,28 @@ class ConfigFields:
     """A block drafter's config.json read field by field (DFlash's, and every family's built on its backbone): a field
     of the wrong kind or out of range is one line naming it, never a traceback or a later IndexError."""
 
-    def __init__(self, config: dict, where: str, family: str):
+    def __init__(self, config: dict, where: str, family: str, architecture: str):
+        """Refuses a config of another architecture, or whose dflash_config is not an object."""
         self.config, self.where, self.family = config, where, family
+        if architecture not in (config.get("architectures") or []):
+            raise EyasError(f"{where}: architectures {config.get('architectures')} is not [{architecture!r}]: not a "
+                            f"{family} drafter")
+        self.flash = config.get("dflash_config") or {}
+        if not isinstance(self.flash, dict):
+            raise EyasError(f"{where}: dflash_config is {self.flash!r}: an object (mask_token_id, target_layer_ids)")
+
+    def layer_ids(self, top_level_spelling: bool = False) -> list[int]:
+        """The eyas ids: eagle_aux_hidden_state_layer_ids, else dflash_config.target_layer_ids (DFlash's spelling, the
+        output of layer i: + 1) — or, with ``top_level_spelling``, a target_layer_ids beside it."""
+        ids = self.config.get("eagle_aux_hidden_state_layer_ids")
+        spelt = self.flash.get("target_layer_ids", self.config.get("target_layer_ids") if top_level_spelling else None)
+        if ids is None and _whole_numbers(spelt):
+            ids = list(from_output_spelling(spelt))
+        if not ids or not _whole_numbers(ids):
+            raise EyasError(f"{self.where}: a {self.family} config needs its target layer ids "
+                            "(eagle_aux_hidden_state_layer_ids, or dflash_config.target_layer_ids): a list of whole "
+                            f"numbers, not {ids if ids is not None else spelt!r}")
+        return list(ids)
 
     def whole(self, name: str, default: int | None = None) -> int:
         """``config[name]`` (``default`` when absent or null) as a whole number ≥ 1."""
@@ -124,8 +144,12 @@ class ConfigFields:
 
     def mask_token(self, vocab: int) -> int:
         """The mask token id (dflash_config's, else the config's own), which must name a row of the vocabulary."""
-        mask = (self.config.get("dflash_config") or {}).get("mask_token_id", self.config.get("mask_token_id"))
+        mask = self.flash.get("mask_token_id", self.config.get("mask_token_id"))
         if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < vocab:
             raise EyasError(f"{self.where}: mask_token_id {mask!r} is outside the vocabulary (0 … {vocab - 1}): a "
                             "block's mask slots embed that token")
         return mask
+
+
+def _whole_numbers(ids) -> bool:
+    return isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)

@@ -20,7 +20,6 @@ from eyas.errors import EyasError
 from eyas.export.files import TORCH_DTYPES, safetensors_header, torch_dtype_name, weight_files, write_draft_dir
 from eyas.families.dflash.config import ARCHITECTURE, ConfigFields, DFlashConfig, dflash_ids
 from eyas.families.dflash.model import DFlashDrafter
-from eyas.target.layer_ids import from_output_spelling
 
 
 def dflash_config_json(config: DFlashConfig, dtype: str, max_position_embeddings: int | None = None) -> dict:
@@ -61,26 +60,14 @@ def config_from_json(config: dict, where: str = "config.json") -> DFlashConfig:
     """A DFlash config.json (eyas' or the published layout) → DFlashConfig, every field checked (one line naming a
     field of the wrong kind or out of range); the eyas ids from eagle_aux_hidden_state_layer_ids, else DFlash's
     target_layer_ids + 1."""
-    if ARCHITECTURE not in (config.get("architectures") or []):
-        raise EyasError(f"{where}: architectures {config.get('architectures')} is not [{ARCHITECTURE!r}]: not a DFlash drafter")
-    flash = config.get("dflash_config") or {}
-    if not isinstance(flash, dict):
-        raise EyasError(f"{where}: dflash_config is {flash!r}: an object (mask_token_id, target_layer_ids)")
-    ids = config.get("eagle_aux_hidden_state_layer_ids")
-    spelt = flash.get("target_layer_ids")
-    if ids is None and isinstance(spelt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in spelt):
-        ids = list(from_output_spelling(spelt))
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise EyasError(f"{where}: a DFlash config needs its target layer ids (eagle_aux_hidden_state_layer_ids, or "
-                        f"dflash_config.target_layer_ids): a list of whole numbers, not {ids if ids is not None else spelt!r}")
-    field = ConfigFields(config, where, "DFlash")
+    field = ConfigFields(config, where, "DFlash", ARCHITECTURE)
     hidden, heads, vocab = field.whole("hidden_size"), field.whole("num_attention_heads"), field.whole("vocab_size")
     return DFlashConfig(
         hidden_size=hidden, target_hidden_size=field.whole("target_hidden_size", hidden),
         num_hidden_layers=field.whole("num_hidden_layers"), num_attention_heads=heads,
         num_key_value_heads=field.whole("num_key_value_heads", heads), head_dim=field.whole("head_dim", hidden // heads or None),
         intermediate_size=field.whole("intermediate_size"), vocab_size=vocab, block_size=field.whole("block_size"),
-        mask_token_id=field.mask_token(vocab), layer_ids=list(ids), rms_norm_eps=field.real("rms_norm_eps", 1e-6),
+        mask_token_id=field.mask_token(vocab), layer_ids=field.layer_ids(), rms_norm_eps=field.real("rms_norm_eps", 1e-6),
         rope_theta=field.real("rope_theta", 1_000_000.0),
         max_position_embeddings=field.whole("max_position_embeddings", 32768))
 

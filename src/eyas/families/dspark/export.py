@@ -26,7 +26,6 @@ from eyas.families.dflash.config import ConfigFields, dflash_ids
 from eyas.families.dflash.export import dflash_config_json
 from eyas.families.dspark.config import ARCHITECTURE, DSparkConfig
 from eyas.families.dspark.model import DSparkDrafter
-from eyas.target.layer_ids import from_output_spelling
 
 ANCHORS_PER_SAMPLE = 512  # DeepSpec's num_anchors (its loader requires the field; serving does not read it)
 
@@ -61,19 +60,8 @@ def config_from_json(config: dict, where: str = "config.json") -> DSparkConfig:
     """A DSpark config.json (eyas' or DeepSpec's layout) → DSparkConfig, every field checked (one line naming a field
     of the wrong kind or out of range); the eyas ids from eagle_aux_hidden_state_layer_ids, else the DFlash-spelt
     dflash_config.target_layer_ids or target_layer_ids + 1."""
-    if ARCHITECTURE not in (config.get("architectures") or []):
-        raise EyasError(f"{where}: architectures {config.get('architectures')} is not [{ARCHITECTURE!r}]: not a DSpark "
-                        "drafter")
-    flash = config.get("dflash_config") or {}
-    if not isinstance(flash, dict):
-        raise EyasError(f"{where}: dflash_config is {flash!r}: an object (mask_token_id, target_layer_ids)")
-    ids = config.get("eagle_aux_hidden_state_layer_ids")
-    spelt = flash.get("target_layer_ids", config.get("target_layer_ids"))
-    if ids is None and isinstance(spelt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in spelt):
-        ids = list(from_output_spelling(spelt))
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise EyasError(f"{where}: a DSpark config needs its target layer ids (eagle_aux_hidden_state_layer_ids, or "
-                        f"dflash_config.target_layer_ids): a list of whole numbers, not {ids if ids is not None else spelt!r}")
+    field = ConfigFields(config, where, "DSpark", ARCHITECTURE)
+    ids = field.layer_ids(top_level_spelling=True)
     if not config.get("sample_from_anchor", True) or config.get("dspark_bonus_anchor", False):
         raise EyasError(f"{where}: sample_from_anchor false (a DFlash-style fill-in block): eyas decodes DSpark's "
                         "anchor-first block only")
@@ -86,7 +74,6 @@ def config_from_json(config: dict, where: str = "config.json") -> DSparkConfig:
     if config.get("markov_head_type", "vanilla") != "vanilla":
         raise EyasError(f"{where}: markov_head_type {config.get('markov_head_type')!r}: eyas (and vLLM) read the "
                         "'vanilla' Markov head only")
-    field = ConfigFields(config, where, "DSpark")
     hidden, heads = field.whole("hidden_size"), field.whole("num_attention_heads")
     kv_heads = field.whole("num_key_value_heads", heads)
     if heads % kv_heads:
@@ -97,7 +84,7 @@ def config_from_json(config: dict, where: str = "config.json") -> DSparkConfig:
         num_hidden_layers=field.whole("num_hidden_layers"), num_attention_heads=heads, num_key_value_heads=kv_heads,
         head_dim=field.whole("head_dim", hidden // heads or None), intermediate_size=field.whole("intermediate_size"),
         vocab_size=vocab, block_size=field.whole("block_size"), mask_token_id=field.mask_token(vocab),
-        layer_ids=list(ids), rms_norm_eps=field.real("rms_norm_eps", 1e-6), rope_theta=field.real("rope_theta", 1e6),
+        layer_ids=ids, rms_norm_eps=field.real("rms_norm_eps", 1e-6), rope_theta=field.real("rope_theta", 1e6),
         max_position_embeddings=field.whole("max_position_embeddings", 32768), markov_rank=field.whole("markov_rank"),
         confidence_head=confidence)
 
