@@ -40,7 +40,10 @@ sampled() {  # PHASE CMD...: CMD, its output in $RESULTS/PHASE.log; the GPU's ut
   fi
   "$@" > "$RESULTS/$phase.log" 2>&1; local rc=$?
   [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
-  [ $rc = 0 ] || { tail -5 "$RESULTS/$phase.log"; exit 1; }
+  [ $rc = 0 ] && return 0
+  echo "$phase failed (rc $rc):"; tail -5 "$RESULTS/$phase.log"
+  # the store and the offline run are every ratio's ground: without them nothing below means anything
+  case $phase in capture|offline) exit 1 ;; esac
 }
 
 start=$SECONDS
@@ -56,8 +59,9 @@ sampled threaded python3 -m eyas train --data "$DATA" --stream --stream-producer
   --out "$WORK/threaded" "${COMMON[@]}"
 # the target inside the trainer, capturing each batch before its step (no overlap): what the stream must beat
 sampled online python3 -m eyas train --data "$DATA" --online --out "$WORK/online" "${COMMON[@]}"
-for run in offline streamed threaded online; do
-  cp "$WORK/$run/report.json" "$RESULTS/report-$run.json"; cp "$WORK/$run/metrics.jsonl" "$RESULTS/metrics-$run.jsonl"
+for run in offline streamed threaded online; do  # a run that failed has no report: the summary leaves it out
+  cp "$WORK/$run/report.json" "$RESULTS/report-$run.json" 2>/dev/null
+  cp "$WORK/$run/metrics.jsonl" "$RESULTS/metrics-$run.jsonl" 2>/dev/null
 done
 python3 - "$RESULTS" "$WORK" "$capture_s" "$before" "$after" <<'PY'
 import json, pathlib, subprocess, sys
@@ -73,6 +77,8 @@ def utilisation(phase):  # the mean GPU utilisation over the middle half of the 
 
 
 for run in ("offline", "streamed", "threaded", "online"):
+    if not (results / f"report-{run}.json").exists():
+        continue  # the run failed (its log says why)
     report = json.loads((results / f"report-{run}.json").read_text())
     steps = [json.loads(line) for line in (results / f"metrics-{run}.jsonl").read_text().splitlines() if '"tokens_per_s"' in line]
     # the second half's rate (compile warm-ups excluded) from each step's cumulative tokens/s and tokens
@@ -81,16 +87,15 @@ for run in ("offline", "streamed", "threaded", "online"):
     rows[run] = {"tokens": report["tokens"], "seconds": report["seconds"], "tokens_per_s": report["tokens"] / report["seconds"],
                  "second_half_tokens_per_s": (t1 - t0) / (t1 / r1 - t0 / r0), "data_wait_s": steps[-1].get("data_wait_s"),
                  "gpu_utilisation": utilisation(run)}
-checkpoint = max((p for p in (work / "streamed" / "checkpoints").iterdir()), key=lambda p: p.name)
-summary = {**rows, "ratio": rows["streamed"]["tokens_per_s"] / rows["offline"]["tokens_per_s"],
-           "second_half_ratio": rows["streamed"]["second_half_tokens_per_s"] / rows["offline"]["second_half_tokens_per_s"],
-           **{f"{run}_second_half_ratio": rows[run]["second_half_tokens_per_s"] / rows["offline"]["second_half_tokens_per_s"]
-              for run in ("threaded", "online")},
-           "capture_gpu_utilisation": utilisation("capture"),
-           "final_weights_bytes": size(work / "streamed" / "final"),
-           "capture_seconds": capture_s, "store_bytes": size(work / "features"),
-           "streamed_disk_used_bytes": before - after, "streamed_run_bytes": size(work / "streamed"),
-           "one_checkpoint_bytes": size(checkpoint)}
+ratio = lambda run, key: rows[run][key] / rows["offline"][key] if run in rows else None
+summary = {**rows, "ratio": ratio("streamed", "tokens_per_s"),
+           **{f"{run}_second_half_ratio": ratio(run, "second_half_tokens_per_s") for run in ("streamed", "threaded", "online")},
+           "capture_gpu_utilisation": utilisation("capture"), "capture_seconds": capture_s,
+           "store_bytes": size(work / "features")}
+if "streamed" in rows:  # the disk a streamed run used: its checkpoint and final weights, against the store
+    checkpoint = max((p for p in (work / "streamed" / "checkpoints").iterdir()), key=lambda p: p.name)
+    summary.update(final_weights_bytes=size(work / "streamed" / "final"), streamed_disk_used_bytes=before - after,
+                   streamed_run_bytes=size(work / "streamed"), one_checkpoint_bytes=size(checkpoint))
 (results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 print("| run | tokens | seconds | tokens/s | second half tokens/s | waited for data | GPU utilisation |\n"
       "|---|---|---|---|---|---|---|")
@@ -98,9 +103,11 @@ for run, row in rows.items():
     busy = "—" if row["gpu_utilisation"] is None else f"{row['gpu_utilisation']:.0%}"
     print(f"| {run} | {row['tokens']:,} | {row['seconds']:.1f} | {row['tokens_per_s']:,.0f} | "
           f"{row['second_half_tokens_per_s']:,.0f} | {row['data_wait_s'] or 0:.1f} s | {busy} |")
-print(f"streamed / offline: {summary['ratio']:.3f} (second half {summary['second_half_ratio']:.3f}; a producer thread's "
-      f"{summary['threaded_second_half_ratio']:.3f}, online's {summary['online_second_half_ratio']:.3f}); capture "
-      f"{capture_s:.1f} s, store {summary['store_bytes']:,} B; streamed run: disk used {summary['streamed_disk_used_bytes']:,} B, "
-      f"run dir {summary['streamed_run_bytes']:,} B: one checkpoint {summary['one_checkpoint_bytes']:,} B and the final "
-      f"weights {summary['final_weights_bytes']:,} B")
+shown = lambda value: "—" if value is None else f"{value:.3f}"
+print(f"/ offline, second half: streamed {shown(summary['streamed_second_half_ratio'])}, a producer thread "
+      f"{shown(summary['threaded_second_half_ratio'])}, online {shown(summary['online_second_half_ratio'])} (streamed over the "
+      f"whole run {shown(summary['ratio'])}); capture {capture_s:.1f} s, store {summary['store_bytes']:,} B")
+if "streamed" in rows:
+    print(f"streamed run: disk used {summary['streamed_disk_used_bytes']:,} B, run dir {summary['streamed_run_bytes']:,} B: "
+          f"one checkpoint {summary['one_checkpoint_bytes']:,} B and the final weights {summary['final_weights_bytes']:,} B")
 PY
