@@ -69,11 +69,15 @@ results, work, capture_s, before, after = pathlib.Path(sys.argv[1]), pathlib.Pat
     int(sys.argv[4]), int(sys.argv[5])
 size = lambda p: int(subprocess.run(["du", "-sb", str(p)], capture_output=True, text=True).stdout.split()[0])
 rows = {}
-def utilisation(phase):  # the mean GPU utilisation over the middle half of the phase's samples (None: not sampled)
+def utilisation(phase):  # the GPU's mean utilisation once warm (None: not sampled): the second half of the span from
+    # the first to the last sample at ≥ 50 % — a phase's first seconds load the target (the GGUF dequantised on the CPU)
+    # and compile with the GPU idle, which a share of all its samples would count as idle training
     path = results / f"util-{phase}.csv"
     samples = [float(x) for x in path.read_text().split()] if path.exists() else []
-    middle = samples[len(samples) // 4: 3 * len(samples) // 4]
-    return sum(middle) / len(middle) / 100 if middle else None
+    busy = [i for i, x in enumerate(samples) if x >= 50]
+    span = samples[busy[0]: busy[-1] + 1] if busy else []
+    warm = span[len(span) // 2:]
+    return sum(warm) / len(warm) / 100 if warm else None
 
 
 for run in ("offline", "streamed", "threaded", "online"):
