@@ -12,10 +12,12 @@
 # 2. `eyas train` STEPS steps from the store (offline);
 # 3. `eyas train --stream` STEPS steps from DATA_DIR with the same seed, budget and dtype (the same batches), the
 #    producer on the same GPU; the filesystem's free bytes before and after, and the run's size;
-# 4. the same with `--stream-producer thread` (the producer a thread of the trainer's process);
+# 4. the same with `--stream-producer thread` (the producer a thread of the trainer's process); and again with Python's
+#    thread switch interval at SWITCH_S (default 0.0005 s; Python's own is 0.005 s): a trainer thread that wants the GIL
+#    while the producer thread runs Python waits up to one interval, and its GPU may idle meanwhile;
 # 5. `eyas train --online` the same steps (the target in the trainer, each batch captured before its step: no overlap);
 # then one table: tokens/s of each (the trainer's own count over its steps' time; and over the second half of the steps,
-# compile warm-ups excluded), the seconds each waited for its data, the GPU's utilisation meanwhile (nvidia-smi, the
+# compile warm-ups excluded), the seconds each waited for its data, the GPU's utilisation once warm (nvidia-smi, the
 # share of time some kernel ran), the ratios to offline, the disk each used; the streamed log ends with the producer's
 # line (its capture time and its wait for room in the buffer).
 # Results under $OUT/stream (the runs' metrics.jsonl and report.json, the logs, util-*.csv, summary.json). On the device
@@ -26,7 +28,8 @@ TARGET=${TARGET:-~/stage/smollm2.gguf}
 WORK=${WORK:-~/stream-bench}
 RESULTS=${OUT:-.}/stream
 mkdir -p "$WORK" "$RESULTS"
-rm -rf "$WORK/features" "$WORK/offline" "$WORK/streamed" "$WORK/threaded" "$WORK/online"
+RUNS="offline streamed threaded threaded-switch online"
+for run in features $RUNS; do rm -rf "${WORK:?}/$run"; done
 COMMON=(--target "$TARGET" --max-steps "$STEPS" --token-budget "$BUDGET" --checkpoint-every "$STEPS" --keep 1
         --eval-batches 10)
 free() { df -B1 --output=avail "$WORK" | tail -n 1; }
@@ -57,16 +60,20 @@ after=$(free)
 # the producer as a thread of the trainer's process (its capture on a CUDA stream of its own)
 sampled threaded python3 -m eyas train --data "$DATA" --stream --stream-producer thread --stream-dtype "$DTYPE" \
   --out "$WORK/threaded" "${COMMON[@]}"
+sampled threaded-switch python3 -c "import runpy, sys; sys.setswitchinterval(${SWITCH_S:-0.0005}); \
+runpy.run_module('eyas', run_name='__main__', alter_sys=True)" train --data "$DATA" --stream --stream-producer thread \
+  --stream-dtype "$DTYPE" --out "$WORK/threaded-switch" "${COMMON[@]}"
 # the target inside the trainer, capturing each batch before its step (no overlap): what the stream must beat
 sampled online python3 -m eyas train --data "$DATA" --online --out "$WORK/online" "${COMMON[@]}"
-for run in offline streamed threaded online; do  # a run that failed has no report: the summary leaves it out
+for run in $RUNS; do  # a run that failed has no report: the summary leaves it out
   cp "$WORK/$run/report.json" "$RESULTS/report-$run.json" 2>/dev/null
   cp "$WORK/$run/metrics.jsonl" "$RESULTS/metrics-$run.jsonl" 2>/dev/null
 done
-python3 - "$RESULTS" "$WORK" "$capture_s" "$before" "$after" <<'PY'
+python3 - "$RESULTS" "$WORK" "$capture_s" "$before" "$after" "${SWITCH_S:-0.0005}" <<'PY'
 import json, pathlib, subprocess, sys
 results, work, capture_s, before, after = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), float(sys.argv[3]), \
     int(sys.argv[4]), int(sys.argv[5])
+switch = sys.argv[6]
 size = lambda p: int(subprocess.run(["du", "-sb", str(p)], capture_output=True, text=True).stdout.split()[0])
 rows = {}
 def utilisation(phase):  # the GPU's mean utilisation once warm (None: not sampled): the second half of the span from
@@ -80,7 +87,7 @@ def utilisation(phase):  # the GPU's mean utilisation once warm (None: not sampl
     return sum(warm) / len(warm) / 100 if warm else None
 
 
-for run in ("offline", "streamed", "threaded", "online"):
+for run in ("offline", "streamed", "threaded", "threaded-switch", "online"):
     if not (results / f"report-{run}.json").exists():
         continue  # the run failed (its log says why)
     report = json.loads((results / f"report-{run}.json").read_text())
@@ -93,7 +100,7 @@ for run in ("offline", "streamed", "threaded", "online"):
                  "gpu_utilisation": utilisation(run)}
 ratio = lambda run, key: rows[run][key] / rows["offline"][key] if run in rows else None
 summary = {**rows, "ratio": ratio("streamed", "tokens_per_s"),
-           **{f"{run}_second_half_ratio": ratio(run, "second_half_tokens_per_s") for run in ("streamed", "threaded", "online")},
+           **{f"{run}_second_half_ratio": ratio(run, "second_half_tokens_per_s") for run in ("streamed", "threaded", "threaded-switch", "online")},
            "capture_gpu_utilisation": utilisation("capture"), "capture_seconds": capture_s,
            "store_bytes": size(work / "features")}
 if "streamed" in rows:  # the disk a streamed run used: its checkpoint and final weights, against the store
@@ -109,7 +116,8 @@ for run, row in rows.items():
           f"{row['second_half_tokens_per_s']:,.0f} | {row['data_wait_s'] or 0:.1f} s | {busy} |")
 shown = lambda value: "—" if value is None else f"{value:.3f}"
 print(f"/ offline, second half: streamed {shown(summary['streamed_second_half_ratio'])}, a producer thread "
-      f"{shown(summary['threaded_second_half_ratio'])}, online {shown(summary['online_second_half_ratio'])} (streamed over the "
+      f"{shown(summary['threaded_second_half_ratio'])} (switch interval {switch} s: "
+      f"{shown(summary['threaded-switch_second_half_ratio'])}), online {shown(summary['online_second_half_ratio'])} (streamed over the "
       f"whole run {shown(summary['ratio'])}); capture {capture_s:.1f} s, store {summary['store_bytes']:,} B")
 if "streamed" in rows:
     print(f"streamed run: disk used {summary['streamed_disk_used_bytes']:,} B, run dir {summary['streamed_run_bytes']:,} B: "
