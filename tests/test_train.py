@@ -178,3 +178,37 @@ def test_batches_are_rounded_to_a_multiple_of_64_tokens_on_a_gpu_within_the_budg
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for name in grads:
         torch.testing.assert_close(grads[name], grads_w[name], rtol=1e-4, atol=1e-6)
+
+
+def test_final_weights_are_the_last_checkpoints_file_under_a_second_name_and_outlive_it(setup, tmp_path, monkeypatch):
+    """A finished run takes its checkpoint's disk alone (issue 48: a streamed run keeps no store and no second copy of
+    its weights): the final weights are the last step's checkpoint file under a second name; weights that file does not
+    hold exactly, or a filesystem without hard links, get a file of their own."""
+    import os
+    import shutil
+
+    from eyas.train.checkpoint import checkpointed_weights
+
+    target, _, features = setup
+    train(opts(target, tmp_path / "run", features=features, keep=1))
+    final = tmp_path / "run" / "final" / "model.safetensors"
+    kept = tmp_path / "run" / "checkpoints" / "step-00000006" / "model.safetensors"
+    assert os.stat(final).st_ino == os.stat(kept).st_ino and os.stat(final).st_nlink == 2
+    weights = load_file(final)
+    assert checkpointed_weights(tmp_path / "run", weights) == kept
+    name = next(iter(weights))
+    for changed in ({**weights, name: weights[name] + 1}, {**weights, name: weights[name].double()},
+                    {k: v for k, v in weights.items() if k != name}, {**weights, "extra": weights[name]}):
+        assert checkpointed_weights(tmp_path / "run", changed) is None
+    shutil.rmtree(tmp_path / "run" / "checkpoints")  # a later rotation, or a user, removes the checkpoint
+    assert os.stat(final).st_nlink == 1 and checkpointed_weights(tmp_path / "run", weights) is None
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in load_file(final).items())
+
+    def no_links(*args):
+        raise OSError("hard links not supported")
+
+    monkeypatch.setattr(os, "link", no_links)
+    train(opts(target, tmp_path / "copied", features=features, keep=1))
+    final = tmp_path / "copied" / "final" / "model.safetensors"
+    assert os.stat(final).st_nlink == 1
+    assert final.read_bytes() == (tmp_path / "copied" / "checkpoints" / "step-00000006" / "model.safetensors").read_bytes()

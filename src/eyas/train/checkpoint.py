@@ -96,6 +96,29 @@ def run_bytes(run_dir: Path, drafter, keep: int) -> int:
     return max(0, (keep + 1) * 3 * weights - existing) + weights + 2**20  # a checkpoint: weights + AdamW's two moments
 
 
+def checkpointed_weights(run_dir: Path, tensors: dict[str, torch.Tensor]) -> Path | None:
+    """The newest checkpoint's ``model.safetensors`` when it holds exactly ``tensors`` (the same names, dtypes and
+    values, read one tensor at a time), else None: a run that checkpointed its last step shares that file with its
+    final weights instead of writing them twice."""
+    from safetensors import SafetensorError, safe_open
+
+    latest = latest_checkpoint(run_dir)
+    path = latest / "model.safetensors" if latest is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as saved:
+            if set(saved.keys()) != set(tensors):
+                return None
+            for name, tensor in tensors.items():
+                kept = saved.get_tensor(name)
+                if kept.dtype != tensor.dtype or not torch.equal(kept, tensor.detach().cpu()):
+                    return None
+    except (OSError, SafetensorError):  # unreadable: the final weights are written out instead
+        return None
+    return path
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run, or None: the one ``latest.json`` names, else (removed by hand) the
     newest step directory with its state.json."""

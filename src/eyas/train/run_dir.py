@@ -5,12 +5,15 @@ Written when a run starts (or resumes): ``train_options.json`` (the options it s
 target facts (:func:`eyas.target.facts.target_facts`: spec, config SHA-256, architecture, text model type, layer
 count, hidden and vocabulary sizes) and the layer ids, so that ``eyas export`` never loads the target. Written when
 it finishes: ``final/`` (``model.safetensors`` + ``drafter_config.json``), ``report.json``, then ``manifest.json``
-last (:mod:`eyas.manifest`): its presence means the run finished.
+last (:mod:`eyas.manifest`): its presence means the run finished. Where the last step was checkpointed, the final
+weights are that checkpoint's ``model.safetensors`` under a second name (a hard link), not a copy: a finished run takes
+the disk of its checkpoints alone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -52,18 +55,31 @@ def finish_run_dir(out: Path, drafter, state: dict, report: dict, options, input
     from safetensors.torch import save_file
 
     from eyas.io import atomic_path
-    from eyas.train.checkpoint import drafter_tensors
+    from eyas.train.checkpoint import checkpointed_weights, drafter_tensors
 
     out = Path(out)
     final = out / "final"
+    tensors = drafter_tensors(drafter, state)
+    twin = checkpointed_weights(out, tensors)  # the last step's checkpoint holds these weights: one file on disk
     with writing(final, "the last checkpoint is intact: free space, then the same command with --resume writes the "
                  "final weights"):
         final.mkdir(exist_ok=True)
         with atomic_path(final / "model.safetensors") as tmp:
-            save_file(drafter_tensors(drafter, state), str(tmp))
+            if twin is None or not _linked(twin, tmp):
+                save_file(tensors, str(tmp))
         write_json_atomic(final / "drafter_config.json", drafter.config.to_dict())
         write_json_atomic(out / "report.json", report)
         write_manifest(out, "train", options, inputs, STARTED_FILES + FINISHED_FILES)
+
+
+def _linked(existing: Path, path: Path) -> bool:
+    """``path`` made a second name of ``existing`` (a hard link: no bytes copied; both are only ever replaced whole,
+    never written in place); False where the filesystem has no hard links."""
+    try:
+        os.link(existing, path)
+    except OSError:
+        return False
+    return True
 
 
 def read_target_facts(run_dir: Path) -> dict | None:
