@@ -105,7 +105,9 @@ summary = {**rows, "ratio": ratio("streamed", "tokens_per_s"),
            "store_bytes": size(work / "features")}
 if "streamed" in rows:  # the disk a streamed run used: its checkpoint and final weights, against the store
     checkpoint = max((p for p in (work / "streamed" / "checkpoints").iterdir()), key=lambda p: p.name)
-    summary.update(final_weights_bytes=size(work / "streamed" / "final"), streamed_disk_used_bytes=before - after,
+    shared = (work / "streamed" / "final" / "model.safetensors").stat().st_nlink > 1  # the checkpoint's file, linked
+    summary.update(final_weights_bytes=size(work / "streamed" / "final"), final_weights_shared=shared,
+                   streamed_disk_used_bytes=before - after,
                    streamed_run_bytes=size(work / "streamed"), one_checkpoint_bytes=size(checkpoint))
 (results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 print("| run | tokens | seconds | tokens/s | second half tokens/s | waited for data | GPU utilisation |\n"
@@ -121,5 +123,6 @@ print(f"/ offline, second half: streamed {shown(summary['streamed_second_half_ra
       f"whole run {shown(summary['ratio'])}); capture {capture_s:.1f} s, store {summary['store_bytes']:,} B")
 if "streamed" in rows:
     print(f"streamed run: disk used {summary['streamed_disk_used_bytes']:,} B, run dir {summary['streamed_run_bytes']:,} B: "
-          f"one checkpoint {summary['one_checkpoint_bytes']:,} B and the final weights {summary['final_weights_bytes']:,} B")
+          f"one checkpoint {summary['one_checkpoint_bytes']:,} B and the final weights {summary['final_weights_bytes']:,} B "
+          f"({'the checkpoint' + chr(39) + 's file under a second name' if shared else 'a copy'})")
 PY
