@@ -24,6 +24,7 @@
 # machine $OUT is emptied at each call: a run that outlives its call writes under another OUT and copies it back.
 set -uo pipefail
 DATA=$1 STEPS=$2 BUDGET=${3:-32768} DTYPE=${4:-bf16}
+SWITCH_S=${SWITCH_S:-0.0005}
 TARGET=${TARGET:-~/stage/smollm2.gguf}
 WORK=${WORK:-~/stream-bench}
 RESULTS=${OUT:-.}/stream
@@ -60,7 +61,7 @@ after=$(free)
 # the producer as a thread of the trainer's process (its capture on a CUDA stream of its own)
 sampled threaded python3 -m eyas train --data "$DATA" --stream --stream-producer thread --stream-dtype "$DTYPE" \
   --out "$WORK/threaded" "${COMMON[@]}"
-sampled threaded-switch python3 -c "import runpy, sys; sys.setswitchinterval(${SWITCH_S:-0.0005}); \
+sampled threaded-switch python3 -c "import runpy, sys; sys.setswitchinterval($SWITCH_S); \
 runpy.run_module('eyas', run_name='__main__', alter_sys=True)" train --data "$DATA" --stream --stream-producer thread \
   --stream-dtype "$DTYPE" --out "$WORK/threaded-switch" "${COMMON[@]}"
 # the target inside the trainer, capturing each batch before its step (no overlap): what the stream must beat
@@ -69,7 +70,7 @@ for run in $RUNS; do  # a run that failed has no report: the summary leaves it o
   cp "$WORK/$run/report.json" "$RESULTS/report-$run.json" 2>/dev/null
   cp "$WORK/$run/metrics.jsonl" "$RESULTS/metrics-$run.jsonl" 2>/dev/null
 done
-python3 - "$RESULTS" "$WORK" "$capture_s" "$before" "$after" "${SWITCH_S:-0.0005}" <<'PY'
+python3 - "$RESULTS" "$WORK" "$capture_s" "$before" "$after" "$SWITCH_S" <<'PY'
 import json, pathlib, subprocess, sys
 results, work, capture_s, before, after = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), float(sys.argv[3]), \
     int(sys.argv[4]), int(sys.argv[5])
@@ -122,7 +123,8 @@ print(f"/ offline, second half: streamed {shown(summary['streamed_second_half_ra
       f"{shown(summary['threaded-switch_second_half_ratio'])}), online {shown(summary['online_second_half_ratio'])} (streamed over the "
       f"whole run {shown(summary['ratio'])}); capture {capture_s:.1f} s, store {summary['store_bytes']:,} B")
 if "streamed" in rows:
+    weights = "the checkpoint's file under a second name" if shared else "a copy"
     print(f"streamed run: disk used {summary['streamed_disk_used_bytes']:,} B, run dir {summary['streamed_run_bytes']:,} B: "
           f"one checkpoint {summary['one_checkpoint_bytes']:,} B and the final weights {summary['final_weights_bytes']:,} B "
-          f"({'the checkpoint' + chr(39) + 's file under a second name' if shared else 'a copy'})")
+          f"({weights})")
 PY

@@ -103,9 +103,9 @@ def checkpointed_weights(run_dir: Path, tensors: dict[str, torch.Tensor]) -> Pat
     from safetensors import SafetensorError, safe_open
 
     latest = latest_checkpoint(run_dir)
-    path = latest / "model.safetensors" if latest is not None else None
-    if path is None or not path.is_file():
+    if latest is None:
         return None
+    path = latest / "model.safetensors"
     try:
         with safe_open(str(path), framework="pt") as saved:
             if set(saved.keys()) != set(tensors):
@@ -114,7 +114,7 @@ def checkpointed_weights(run_dir: Path, tensors: dict[str, torch.Tensor]) -> Pat
                 kept = saved.get_tensor(name)
                 if kept.dtype != tensor.dtype or not torch.equal(kept, tensor.detach().cpu()):
                     return None
-    except (OSError, SafetensorError):  # unreadable: the final weights are written out instead
+    except (OSError, SafetensorError):  # missing or unreadable: the final weights are written out instead
         return None
     return path
 
