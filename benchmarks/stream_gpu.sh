@@ -12,9 +12,10 @@
 # 2. `eyas train` STEPS steps from the store (offline);
 # 3. `eyas train --stream` STEPS steps from DATA_DIR with the same seed, budget and dtype (the same batches), the
 #    producer on the same GPU; the filesystem's free bytes before and after, and the run's size;
-# 4. the same with `--stream-producer thread` (the producer a thread of the trainer's process); and again with Python's
+# 4. the same with `--stream-producer thread` (the producer a thread of the trainer's process); again with Python's
 #    thread switch interval at SWITCH_S (default 0.0005 s; Python's own is 0.005 s): a trainer thread that wants the GIL
-#    while the producer thread runs Python waits up to one interval, and its GPU may idle meanwhile;
+#    while the producer thread runs Python waits up to one interval, and its GPU may idle meanwhile; and again with
+#    --no-compile-layers (the capture's HF forward eager, as before --compile-layers: the same lease's baseline);
 # 5. `eyas train --online` the same steps (the target in the trainer, each batch captured before its step: no overlap);
 # then one table: tokens/s of each (the trainer's own count over its steps' time; and over the second half of the steps,
 # compile warm-ups excluded), the seconds each waited for its data, the GPU's utilisation once warm (nvidia-smi, the
@@ -29,7 +30,7 @@ TARGET=${TARGET:-~/stage/smollm2.gguf}
 WORK=${WORK:-~/stream-bench}
 RESULTS=${OUT:-.}/stream
 mkdir -p "$WORK" "$RESULTS"
-RUNS="offline streamed threaded threaded-switch online"
+RUNS="offline streamed threaded threaded-switch threaded-eager online"
 for run in features $RUNS; do rm -rf "${WORK:?}/$run"; done
 COMMON=(--target "$TARGET" --max-steps "$STEPS" --token-budget "$BUDGET" --checkpoint-every "$STEPS" --keep 1
         --eval-batches 10)
@@ -64,6 +65,8 @@ sampled threaded python3 -m eyas train --data "$DATA" --stream --stream-producer
 sampled threaded-switch python3 -c "import runpy, sys; sys.setswitchinterval($SWITCH_S); \
 runpy.run_module('eyas', run_name='__main__', alter_sys=True)" train --data "$DATA" --stream --stream-producer thread \
   --stream-dtype "$DTYPE" --out "$WORK/threaded-switch" "${COMMON[@]}"
+sampled threaded-eager python3 -m eyas train --data "$DATA" --stream --stream-producer thread --stream-dtype "$DTYPE" \
+  --no-compile-layers --out "$WORK/threaded-eager" "${COMMON[@]}"
 # the target inside the trainer, capturing each batch before its step (no overlap): what the stream must beat
 sampled online python3 -m eyas train --data "$DATA" --online --out "$WORK/online" "${COMMON[@]}"
 for run in $RUNS; do  # a run that failed has no report: the summary leaves it out
@@ -88,7 +91,7 @@ def utilisation(phase):  # the GPU's mean utilisation once warm (None: not sampl
     return sum(warm) / len(warm) / 100 if warm else None
 
 
-for run in ("offline", "streamed", "threaded", "threaded-switch", "online"):
+for run in ("offline", "streamed", "threaded", "threaded-switch", "threaded-eager", "online"):
     if not (results / f"report-{run}.json").exists():
         continue  # the run failed (its log says why)
     report = json.loads((results / f"report-{run}.json").read_text())
@@ -101,7 +104,7 @@ for run in ("offline", "streamed", "threaded", "threaded-switch", "online"):
                  "gpu_utilisation": utilisation(run)}
 ratio = lambda run, key: rows[run][key] / rows["offline"][key] if run in rows else None
 summary = {**rows, "ratio": ratio("streamed", "tokens_per_s"),
-           **{f"{run}_second_half_ratio": ratio(run, "second_half_tokens_per_s") for run in ("streamed", "threaded", "threaded-switch", "online")},
+           **{f"{run}_second_half_ratio": ratio(run, "second_half_tokens_per_s") for run in ("streamed", "threaded", "threaded-switch", "threaded-eager", "online")},
            "capture_gpu_utilisation": utilisation("capture"), "capture_seconds": capture_s,
            "store_bytes": size(work / "features")}
 if "streamed" in rows:  # the disk a streamed run used: its checkpoint and final weights, against the store
@@ -120,7 +123,8 @@ for run, row in rows.items():
 shown = lambda value: "—" if value is None else f"{value:.3f}"
 print(f"/ offline, second half: streamed {shown(summary['streamed_second_half_ratio'])}, a producer thread "
       f"{shown(summary['threaded_second_half_ratio'])} (switch interval {switch} s: "
-      f"{shown(summary['threaded-switch_second_half_ratio'])}), online {shown(summary['online_second_half_ratio'])} (streamed over the "
+      f"{shown(summary['threaded-switch_second_half_ratio'])}; its capture eager: "
+      f"{shown(summary['threaded-eager_second_half_ratio'])}), online {shown(summary['online_second_half_ratio'])} (streamed over the "
       f"whole run {shown(summary['ratio'])}); capture {capture_s:.1f} s, store {summary['store_bytes']:,} B")
 if "streamed" in rows:
     weights = "the checkpoint's file under a second name" if shared else "a copy"

@@ -26,12 +26,44 @@ def test_compiled_model_is_refused(llama):
         capture_hidden_states(torch.compile(model), layout, IDS)
 
 
-def test_compiled_layer_forward_is_refused(llama):
+def test_a_layer_compiled_with_its_hooks_is_refused(llama):
     model, layout = llama
-    layer = model.model.layers[3]
-    layer.forward = torch.compile(layer.forward)
+    model.model.layers[3].compile()  # nn.Module.compile: the layer's hooks inside the compiled call
     with pytest.raises(CaptureError, match=r"model\.layers\.3 is compiled"):
         capture_hidden_states(model, layout, IDS)
+
+
+def test_a_compiled_forward_above_the_layers_is_refused(llama):
+    model, layout = llama
+    model.model.forward = torch.compile(model.model.forward)  # every layer's call, hooks and all, inside its graph
+    with pytest.raises(CaptureError, match=r"^model is compiled"):
+        capture_hidden_states(model, layout, IDS)
+
+
+def test_compiled_layer_forwards_capture_what_the_eager_forward_captures(llama, monkeypatch):
+    """A layer's compiled forward runs inside the layer's call, its hooks around it: capture takes it (the GPU's
+    --compile-layers), the taps fire once each, and the states are the eager forward's; the layers are as they were
+    afterwards. Off CUDA, compile_layers compiles nothing."""
+    import eyas.compiling
+    from eyas.target.capture import fused_decoder_layers
+
+    model, layout = llama
+    ids = torch.randint(1, 240, (2, 11), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    eager = capture_hidden_states(model, layout, ids, attention_mask=mask)
+    asked = []
+    monkeypatch.setattr(eyas.compiling, "compiled", lambda fn, dynamic: asked.append(fn) or fn)
+    capture_hidden_states(model, layout, ids, attention_mask=mask, compile_layers=True)
+    assert asked == []  # a CPU target: eager
+    monkeypatch.undo()
+    with fused_decoder_layers(layout):
+        assert all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in layout.layers)
+        fused = capture_hidden_states(model, layout, ids, attention_mask=mask)
+    assert all("forward" not in vars(layer) for layer in layout.layers)
+    for row in range(2):
+        for got, want in zip(fused.sequence(row), eager.sequence(row)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_layers_swapped_out_after_discovery_raise_did_not_fire(llama):

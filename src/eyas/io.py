@@ -14,6 +14,12 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
+def cache_dir() -> Path:
+    """The eyas cache: ``$EYAS_CACHE`` or ``~/.cache/eyas`` (the GGUF targets' dequantised weights, out-dir locks,
+    torch.compile's kernels)."""
+    return Path(os.environ.get("EYAS_CACHE") or Path.home() / ".cache" / "eyas").expanduser()
+
+
 def temp_sibling(path: Path) -> Path:
     """The hidden name an atomic write fills before renaming it to ``path``: ``.NAME.tmp-PID``."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")

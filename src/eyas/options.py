@@ -143,6 +143,15 @@ def remote_code() -> Any:
                   "for a target you trust")
 
 
+def compile_layers_option() -> Any:
+    """The ``compile_layers`` field of every command that captures with the target loaded in HF (capture, train's
+    --stream and --online, produce)."""
+    return option(True, "on CUDA, capture with each of the target's decoder layers compiled (torch.compile: its norms, "
+                  "rotary embedding and activation fused; the first batches wait for the compilation); the capture's "
+                  "hooks still run around every layer, so each tap is checked as in the eager forward. "
+                  "--no-compile-layers runs the HF forward as it is", flag="--compile-layers/--no-compile-layers")
+
+
 def chat_template_file() -> Any:
     """The ``chat_template`` field of every command that renders prompts (prepare, bench, generate)."""
     return option(None, "a Jinja chat template file to render prompts with instead of the target's own (needed for a "

@@ -38,7 +38,7 @@ def lock_path(out: Path) -> Path:
 
 
 def _lock_file(key: str) -> Path:
-    from eyas.target.gguf import cache_dir
+    from eyas.io import cache_dir
 
     return cache_dir() / "locks" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"
 

@@ -10,15 +10,15 @@ from eyas.data.samples import Sample, batch_inputs
 from eyas.store.shards import Pack, pack_states
 
 
-def capture_batch(target, rows: Sequence[Sample], layer_ids: Sequence[int], dtype: str) -> Pack:
-    """``rows`` in one right-padded forward of ``target`` (an :class:`eyas.target.Target`) as wide as the longest row;
-    the padding dropped, the states cast (or quantised to fp8) where they were computed: a :class:`Pack` of ``dtype``
-    (bf16, fp16, fp32, fp8)."""
+def capture_batch(target, rows: Sequence[Sample], layer_ids: Sequence[int], dtype: str, compile_layers: bool) -> Pack:
+    """``rows`` in one right-padded forward of ``target`` (an :class:`eyas.target.Target`) as wide as the longest row
+    (on CUDA with ``compile_layers``, its decoder layers compiled); the padding dropped, the states cast (or quantised
+    to fp8) where they were computed: a :class:`Pack` of ``dtype`` (bf16, fp16, fp32, fp8)."""
     from eyas.target import capture_hidden_states
 
     ids, mask = batch_inputs(list(rows))
     captured = capture_hidden_states(target.model, target.layout, ids, attention_mask=mask, layer_ids=layer_ids,
-                                     offload=False)
+                                     offload=False, compile_layers=compile_layers)
     real = mask.to(captured.aux.device).bool()  # right padding: row-major order keeps samples in sequence
     return pack_states([r.input_ids for r in rows], [r.loss_mask for r in rows], captured.aux[real], captured.final[real],
                        dtype, len(layer_ids))

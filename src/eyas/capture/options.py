@@ -12,6 +12,7 @@ from eyas.options import (
     Options,
     above,
     at_least,
+    compile_layers_option,
     each,
     force_option,
     one_of,
@@ -57,6 +58,7 @@ class CaptureOptions(Options):
     force: bool = force_option()
     engine: str = option("hf", "hf (in-process transformers) or vllm (vLLM's extract_hidden_states)",
                          check=one_of("hf", "vllm"))
+    compile_layers: bool = compile_layers_option()
     vllm_python: str | None = vllm_python_option()
     # The vLLM engine's settings (engine vllm): named as vLLM's own LLM(...) arguments; every value the worker used,
     # eyas' defaults included, is recorded in the store's manifest under "vllm_engine".

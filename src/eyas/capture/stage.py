@@ -289,7 +289,8 @@ def _state_source(options: CaptureOptions, inputs: _Inputs, work: _Work, device,
     def states(split: str, plan: ShardPlan):
         """One Pack per batch: capture on the device, drop the padding there, cast or quantise there."""
         for batch in plan.batches:
-            yield capture_batch(target, [samples[split][i] for i in batch], layer_ids, options.dtype)
+            yield capture_batch(target, [samples[split][i] for i in batch], layer_ids, options.dtype,
+                                options.compile_layers)
 
     return states
 

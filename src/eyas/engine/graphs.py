@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from eyas import compiling
 from eyas.errors import CaptureError
 
 log = logging.getLogger(__name__)
@@ -117,27 +118,12 @@ class StepGraphs:
 
 
 def compiled(step: Step) -> Step:
-    """``step`` under torch.compile as the engine compiles its rounds: fixed shapes, and eager's rounding kept.
-
-    In bf16 every eager op rounds its output to bf16; inductor, fusing ops into one kernel, keeps what is between
-    them in fp32 unless told to round there too (``emulate_precision_casts``). The unrounded kernels are no more
-    wrong, but they are different: a compiled round's drafter scored its tree differently from the eager round's
-    on the same inputs (the RMSNorms, SiLU·up, the residual adds), so compiled and eager decoders chose other
-    drafts and forked into other answers. With eager's rounding kept, the compiled round is the eager round's
-    arithmetic (benchmarks/round_agreement.py compares them round by round)."""
-    use_persistent_compile_cache()
-    return torch.compile(step, dynamic=False, options={"emulate_precision_casts": True})
-
-
-def use_persistent_compile_cache() -> None:
-    """Keep torch.compile's caches (FX graphs, Triton kernels) in the eyas cache, ``$EYAS_CACHE/inductor``, unless
-    ``TORCHINDUCTOR_CACHE_DIR`` says otherwise: a later process that compiles the same round on the same GPU
-    and torch loads the compiled kernels instead of compiling them again (torch's default lives under /tmp)."""
-    import os
-
-    from eyas.target.gguf import cache_dir
-
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+    """``step`` under torch.compile as the engine compiles its rounds: fixed shapes, and eager's rounding kept
+    (:mod:`eyas.compiling`): a compiled round's drafter once scored its tree differently from the eager round's on the
+    same inputs (the RMSNorms, SiLU·up, the residual adds, unrounded between fused ops), so compiled and eager decoders
+    chose other drafts and forked into other answers. With eager's rounding kept, the compiled round is the eager
+    round's arithmetic (benchmarks/round_agreement.py compares them round by round)."""
+    return compiling.compiled(step, dynamic=False)
 
 
 class InputBuffer:

@@ -11,6 +11,7 @@ partial is ever returned.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,9 +24,10 @@ from eyas.target.layout import TargetLayout
 from eyas.target.taps import TapRecord, Taps, hidden_argument
 
 _BYPASS_FIX = (
-    "capture needs an eager forward in which every decoder layer module runs: pass the "
-    "uncompiled model (for torch.compile'd models, `model._orig_mod`), do not replay CUDA "
-    "graphs during capture, and call discover_layout() again after replacing any layer"
+    "capture needs a forward in which every decoder layer module runs as a module: pass the "
+    "uncompiled model (for torch.compile'd models, `model._orig_mod`; a layer's own `forward` may be "
+    "compiled, as fused_decoder_layers does), do not replay CUDA graphs during capture, and call "
+    "discover_layout() again after replacing any layer"
 )
 
 
@@ -108,6 +110,7 @@ def capture_hidden_states(
     attention_mask: torch.Tensor | None = None,
     layer_ids: Sequence[int] | None = None,
     offload: bool = True,
+    compile_layers: bool = False,
     **model_inputs,
 ) -> CapturedStates:
     """Run one prefill forward and return the aux states at ``layer_ids`` and the final hidden.
@@ -115,7 +118,8 @@ def capture_hidden_states(
     ``input_ids`` [B, T] (right-padded, ``attention_mask`` 1 on real tokens); extra
     ``model_inputs`` (``pixel_values`` …) go to the model unchanged. With ``offload`` the
     states are copied to pinned host memory as they are produced; otherwise they stay on the
-    model's device. Raises CaptureError rather than returning anything partial.
+    model's device; with ``compile_layers``, on CUDA, the decoder layers run compiled (:func:`fused_decoder_layers`).
+    Raises CaptureError rather than returning anything partial.
 
     The mask is checked (right padding only) but not given to the model: a causal target keeps every real token from
     the padding after it, so the real tokens' states are those of each sequence alone either way (pinned for every
@@ -144,7 +148,9 @@ def capture_hidden_states(
         handles.append(layout.lm_head.register_forward_pre_hook(
             lambda m, args, kwargs: head_tap.record(hidden_argument(head_tap.what, args, kwargs)), with_kwargs=True))
         hooks.arm(expect)
-        _forward(model, layout, input_ids, model_inputs)
+        # compiled on CUDA only: a CPU capture would wait a minute for inductor's C++ to save little
+        with fused_decoder_layers(layout, compile_layers and _first_param_device(layout.embed).type == "cuda"):
+            _forward(model, layout, input_ids, model_inputs)
     finally:
         problems = hooks.disarm()
         hooks.remove()
@@ -209,13 +215,43 @@ def _right_padded_lengths(input_ids: torch.Tensor, attention_mask: torch.Tensor 
     return lengths
 
 
+@contextlib.contextmanager
+def fused_decoder_layers(layout: TargetLayout, wanted: bool = True):
+    """Within the block (with ``wanted``), each decoder layer's ``forward`` runs compiled
+    (:func:`eyas.compiling.compiled`, dynamic shapes: one graph for every batch's width): inductor fuses its norms,
+    rotary embedding, activation and residual adds — most of a prefill's kernels and memory traffic for a target as
+    narrow as the demo's. Only ``forward``: ``nn.Module.__call__`` runs a layer's hooks around it, eagerly, so
+    capture's taps still fire once per forward on the tensor the layer was called with, and a swapped or replayed layer
+    is still caught. The layers are as they were after the block (a layer whose ``forward`` someone replaced already is
+    left alone); torch.compile's cache is per code, so a later block compiles nothing again."""
+    from eyas.compiling import compiled
+
+    fused = []
+    if wanted:
+        for layer in layout.layers:
+            if "forward" not in vars(layer):
+                layer.forward = compiled(layer.forward, dynamic=True)
+                fused.append(layer)
+    try:
+        yield
+    finally:
+        for layer in fused:
+            del layer.forward
+
+
 def _refuse_bypassing_setups(model: nn.Module, layout: TargetLayout) -> None:
-    """Catch, before running, the setups in which hooks silently do not run."""
-    compiled = torch._dynamo.eval_frame.OptimizedModule
-    for what, module in (("the model", model), ("the decoder stack", layout.layers), *(
-        (f"{layout.layers_path}.{i}", layer) for i, layer in enumerate(layout.layers)
-    )):
-        if isinstance(module, compiled) or hasattr(module.forward, "_torchdynamo_orig_callable"):
+    """Catch, before running, the setups in which hooks silently do not run: a tapped module's hooks inside a compiled
+    region. A compiled region that holds no tapped module's call (a decoder layer's compiled ``forward``: its own hooks
+    run around it) is no bypass."""
+    def compiled(module: nn.Module, forward_too: bool) -> bool:
+        return (isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+                or getattr(module, "_compiled_call_impl", None) is not None  # nn.Module.compile(): its hooks inside
+                or (forward_too and hasattr(module.forward, "_torchdynamo_orig_callable")))
+
+    tapped = [(f"{layout.layers_path}.{i}", layer) for i, layer in enumerate(layout.layers)] + [(layout.norm_path, layout.norm)]
+    for what, module, forward_too in (*((what, module, True) for what, module in _ancestors(model, layout)),
+                                      *((what, module, False) for what, module in tapped)):
+        if compiled(module, forward_too):
             raise CaptureError(
                 f"{what} is compiled with torch.compile: compiled graphs may run without calling "
                 f"the module hooks capture relies on, so the states could be missing or stale. {_BYPASS_FIX}"
@@ -227,6 +263,19 @@ def _refuse_bypassing_setups(model: nn.Module, layout: TargetLayout) -> None:
             "capture was called while a CUDA graph is being captured: on replay no hook runs and "
             f"nothing would be recorded. {_BYPASS_FIX}"
         )
+
+
+def _ancestors(model: nn.Module, layout: TargetLayout) -> list[tuple[str, nn.Module]]:
+    """The model and every module on the paths down to the decoder stack and the final norm (named for messages): a
+    compiled forward of any of them runs the tapped modules' calls inside its graph."""
+    found = {"the model": model}
+    for path in (layout.layers_path, layout.norm_path):
+        parts = path.split(".")
+        for depth in range(1, len(parts)):
+            name = ".".join(parts[:depth])
+            found.setdefault(name, model.get_submodule(name))
+    found.setdefault("the decoder stack", layout.layers)
+    return list(found.items())
 
 
 def _explain(problems: list[str]) -> str:

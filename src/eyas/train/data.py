@@ -190,8 +190,8 @@ class OnlineSource:
     """Batches whose target states are captured now, in this process: nothing touches the disk."""
 
     def __init__(self, target, data_dir: Path, split: str, layer_ids, token_budget: int, device, dtype,
-                 multiple: int | None = None):
-        self.target, self.layer_ids = target, tuple(layer_ids)
+                 multiple: int | None = None, compile_layers: bool = False):
+        self.target, self.layer_ids, self.compile_layers = target, tuple(layer_ids), compile_layers
         self.device, self.dtype = device, dtype
         self.multiple = width_multiple(device) if multiple is None else multiple
         self.samples, self.batches = planned_split(data_dir, split, token_budget, self.multiple)
@@ -207,7 +207,7 @@ class OnlineSource:
         input_ids, mask = batch_inputs(rows, width)
         valid = mask.bool()
         captured = capture_hidden_states(self.target.model, self.target.layout, input_ids, attention_mask=mask,
-                                         layer_ids=self.layer_ids, offload=False)
+                                         layer_ids=self.layer_ids, offload=False, compile_layers=self.compile_layers)
         return Batch(
             aux=captured.aux.to(self.device, self.dtype),
             final=captured.final.to(self.device, self.dtype),

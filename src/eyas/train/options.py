@@ -18,6 +18,7 @@ from eyas.options import (
     at_least,
     copied_field,
     each,
+    compile_layers_option,
     force_option,
     one_of,
     option,
@@ -83,6 +84,7 @@ class CommonTrainOptions(Options):
                                 "(eyas' vLLM capture worker, asked for one batch at a time)", check=one_of("hf", "vllm"))
     vllm_python: str | None = vllm_python_option()
     vllm_args: list[str] = vllm_args_option("--stream-engine vllm")
+    compile_layers: bool = compile_layers_option()
     layer_ids: tuple[int, ...] | None = option(None, "online only: eyas layer ids (default 2, N//2, N-3, for either "
                                                "family: the taps one capture stores)",
                                                check=each(at_least(0)))

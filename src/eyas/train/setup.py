@@ -82,8 +82,10 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
         target = loaded or load_target(options.target, device=device, trust_remote_code=options.trust_remote_code)
         layer_ids = resolve_layer_ids(options.layer_ids, target.layout.num_layers)
         data_dir = Path(options.data)
-        source = OnlineSource(target, data_dir, "train", layer_ids, options.token_budget, device, dtype)
-        holdout = OnlineSource(target, data_dir, "holdout", layer_ids, options.token_budget, device, dtype) \
+        source = OnlineSource(target, data_dir, "train", layer_ids, options.token_budget, device, dtype,
+                              compile_layers=options.compile_layers)
+        holdout = OnlineSource(target, data_dir, "holdout", layer_ids, options.token_budget, device, dtype,
+                               compile_layers=options.compile_layers) \
             if (data_dir / "holdout.parquet").is_file() else None
         head = target.layout.lm_head.weight.detach()
         embed = target.layout.embed.weight.detach()

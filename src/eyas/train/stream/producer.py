@@ -57,6 +57,7 @@ class ProducerSpec:
     dtype: str
     trust_remote_code: bool
     holdout: bool
+    compile_layers: bool = True  # on CUDA, the HF capture's decoder layers compiled (eyas.target.capture)
     engine: str = "hf"  # or vllm: eyas' vLLM capture worker (:class:`eyas.capture.vllm_client.VllmSession`)
     vllm_python: str | None = None
     vllm_engine: dict | None = None  # the LLM(...) arguments asked for
@@ -236,7 +237,7 @@ def _capturer(spec: ProducerSpec, longest: int):
         from eyas.target import load_target
 
         target = load_target(spec.target, device=spec.device, trust_remote_code=spec.trust_remote_code)
-        yield lambda rows: capture_batch(target, rows, spec.layer_ids, spec.dtype)
+        yield lambda rows: capture_batch(target, rows, spec.layer_ids, spec.dtype, spec.compile_layers)
         return
     import tempfile
 

@@ -36,6 +36,7 @@ class Plan:
     dtype: str
     depth: int
     holdout: bool
+    compile_layers: bool = True  # the trainer's --compile-layers: an HF producer's layers compiled on CUDA
 
 
 def split_address(address: str, flag: str) -> tuple[str, int]:
@@ -216,7 +217,8 @@ def produce(options) -> None:
         return planned_capture(ProducerSpec(
             target=options.target, device=options.device or _default_device(), data=str(data),
             layer_ids=plan.layer_ids, token_budget=plan.token_budget, multiple=plan.multiple, dtype=plan.dtype,
-            trust_remote_code=options.trust_remote_code, holdout=plan.holdout, engine=options.engine,
+            trust_remote_code=options.trust_remote_code, holdout=plan.holdout, compile_layers=plan.compile_layers,
+            engine=options.engine,
             vllm_python=options.vllm_python,
             vllm_engine=parse_vllm_args(options.vllm_args, RESERVED_ARGS) if options.engine == "vllm" else None))
 

@@ -71,6 +71,7 @@ def _local_stream(options, device, facts, data_dir, layer_ids, multiple, holdout
     spec = ProducerSpec(target=options.target, device=options.producer_device or _one_device(device), data=str(data_dir),
                         layer_ids=layer_ids, token_budget=options.token_budget, multiple=multiple,
                         dtype=options.stream_dtype, trust_remote_code=options.trust_remote_code, holdout=holdout,
+                        compile_layers=options.compile_layers,
                         engine=options.stream_engine, vllm_python=options.vllm_python,
                         vllm_engine=parse_vllm_args(options.vllm_args, RESERVED_ARGS) if vllm else None)
     where = "with vLLM" if vllm else f"on {spec.device}"
@@ -86,7 +87,7 @@ def _remote_stream(options, device, facts, data_dir, layer_ids, multiple, holdou
 
     plan = Plan(data_sha256=file_sha256(data_dir / MANIFEST), target=facts, layer_ids=layer_ids,
                 token_budget=options.token_budget, multiple=multiple, dtype=options.stream_dtype,
-                depth=options.stream_depth, holdout=holdout)
+                depth=options.stream_depth, holdout=holdout, compile_layers=options.compile_layers)
     hidden = facts["hidden_size"]
     command = f"eyas produce --trainer {options.stream_listen} --target TARGET --data DATA_DIR"
     return RemoteStream(options.stream_listen, plan, (len(layer_ids) * hidden, hidden), command)
