@@ -12,6 +12,7 @@ partial is ever returned.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -224,19 +225,26 @@ def fused_decoder_layers(layout: TargetLayout, wanted: bool = True):
     capture's taps still fire once per forward on the tensor the layer was called with, and a swapped or replayed layer
     is still caught. The layers are as they were after the block (a layer whose ``forward`` someone replaced already is
     left alone); torch.compile's cache is per code, so a later block compiles nothing again."""
-    from eyas.compiling import compiled
-
     fused = []
     if wanted:
         for layer in layout.layers:
             if "forward" not in vars(layer):
-                layer.forward = compiled(layer.forward, dynamic=True)
+                layer.forward = functools.partial(_compiled_forward(type(layer)), layer)
                 fused.append(layer)
     try:
         yield
     finally:
         for layer in fused:
             del layer.forward
+
+
+@functools.cache
+def _compiled_forward(layer_class: type) -> Callable:
+    """A decoder layer class's ``forward`` (unbound) compiled once, for all its layers: making a torch.compile wrapper
+    costs milliseconds, a layer's call through the cached one none."""
+    from eyas.compiling import compiled
+
+    return compiled(layer_class.forward, dynamic=True)
 
 
 def _refuse_bypassing_setups(model: nn.Module, layout: TargetLayout) -> None:
