@@ -268,3 +268,13 @@ def test_a_streams_options_without_stream_are_refused(setup, tmp_path, given, fl
     target, data, _ = setup
     with pytest.raises(EyasError, match=f"{flags}.* add --stream, or leave"):
         opts(target, tmp_path / "run", data=data, online=True, **given)
+
+
+def test_no_compile_layers_is_refused_where_no_hf_capture_reads_it(setup, tmp_path):
+    target, data, _ = setup
+    with pytest.raises(EyasError, match="--no-compile-layers configures .* --features FEATURES_DIR captures nothing"):
+        opts(target, tmp_path / "run", features=tmp_path / "features", compile_layers=False)
+    with pytest.raises(EyasError, match="--no-compile-layers configures the HF producer's capture"):
+        train(opts(target, tmp_path / "run", data=data, stream=True, stream_engine="vllm", compile_layers=False))
+    opts(target, tmp_path / "run", data=data, online=True, compile_layers=False)  # read by --online and --stream
+    opts(target, tmp_path / "run", data=data, stream=True, compile_layers=False)

@@ -117,6 +117,9 @@ def _checked(options) -> None:
         if given:
             raise EyasError(f"{', '.join(given)} {'configures' if len(given) == 1 else 'configure'} a streamed run: add "
                             "--stream, or leave {} out".format("it" if len(given) == 1 else "them"))
+        if not options.compile_layers and not trains_online(options.online, options.features, options.data):
+            raise EyasError("--no-compile-layers configures the capture of a --stream or --online run; a run from "
+                            "--features FEATURES_DIR captures nothing: leave it out")
 
 
 def _default(f: dataclasses.Field):

@@ -56,6 +56,9 @@ def _refuse_unread(options) -> None:
                                  options.vllm_args, options.vllm_python)
         if refusal:
             raise EyasError(refusal)
+        if options.stream_engine == "vllm" and not options.compile_layers:
+            raise EyasError("--no-compile-layers configures the HF producer's capture; vLLM runs the target as its "
+                            "--vllm-arg settings say (enforce_eager, compilation_config): leave it out")
         if options.stream_producer == "thread" and options.stream_engine == "vllm":
             raise EyasError("--stream-producer thread runs the target with HF in the trainer's process; the vllm engine "
                             "runs in a worker process of its own: leave --stream-producer out")
