@@ -65,6 +65,24 @@ def test_compiled_layer_forwards_capture_what_the_eager_forward_captures(llama):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_layer_compilation_that_fails_names_the_flag_that_avoids_it(llama, monkeypatch):
+    import eyas.target.capture as capture
+    from eyas.target.capture import fused_decoder_layers
+
+    def failing(layer_class):
+        def forward(*args, **kwargs):
+            raise torch._dynamo.exc.InternalTorchDynamoError("an operator inductor cannot lower")
+        return forward
+
+    model, layout = llama
+    monkeypatch.setattr(capture, "_compiled_forward", failing)
+    with pytest.raises(CaptureError, match=r"compiling the target's decoder layers .*cannot lower.*--no-compile-layers"):
+        with fused_decoder_layers(layout):
+            capture_hidden_states(model, layout, IDS)
+    assert all("forward" not in vars(layer) for layer in layout.layers)
+    capture_hidden_states(model, layout, IDS)  # the model as it was
+
+
 def test_layers_swapped_out_after_discovery_raise_did_not_fire(llama):
     model, layout = llama
     # e.g. a quantization library rebuilding the stack: the discovered modules no longer run

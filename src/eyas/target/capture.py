@@ -224,7 +224,8 @@ def fused_decoder_layers(layout: TargetLayout, wanted: bool = True):
     narrow as the demo's. Only ``forward``: ``nn.Module.__call__`` runs a layer's hooks around it, eagerly, so
     capture's taps still fire once per forward on the tensor the layer was called with, and a swapped or replayed layer
     is still caught. The layers are as they were after the block (a layer whose ``forward`` someone replaced already is
-    left alone); torch.compile's cache is per code, so a later block compiles nothing again."""
+    left alone); torch.compile's cache is per code, so a later block compiles nothing again. A compilation that fails
+    (an architecture inductor cannot take) is a CaptureError naming ``--no-compile-layers``."""
     fused = []
     if wanted:
         for layer in layout.layers:
@@ -233,6 +234,12 @@ def fused_decoder_layers(layout: TargetLayout, wanted: bool = True):
                 fused.append(layer)
     try:
         yield
+    except torch._dynamo.exc.TorchDynamoException as err:
+        if not fused:
+            raise
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise CaptureError(f"compiling the target's decoder layers for the capture failed ({type(err).__name__}: "
+                           f"{first}): rerun with --no-compile-layers, which captures with the HF forward as it is") from err
     finally:
         for layer in fused:
             del layer.forward
