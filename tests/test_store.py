@@ -94,6 +94,9 @@ def test_rerun_with_other_settings_is_refused(target_and_data, tmp_path):
     capture(options(target, data, tmp_path / "f"))
     with pytest.raises(EyasError, match="other inputs or settings.*dtype"):
         capture(options(target, data, tmp_path / "f", dtype="bf16"))
+    # the compiled forward rounds differently: one store is captured one way
+    with pytest.raises(EyasError, match=r"other inputs or settings \(changed: options.compile_layers\)"):
+        capture(options(target, data, tmp_path / "f", compile_layers=False))
 
 
 def test_check_verifies_checksums_and_recaptures(target_and_data, tmp_path):

@@ -27,7 +27,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16, 
 # What decides the shards' contents: a rerun continues a store only when these match. By content, never by place:
 # DATA_DIR counts by its manifest's SHA-256, so a moved DATA_DIR resumes.
 IDENTITY_TARGET = ("spec", "config_sha256", "architecture", "num_layers", "hidden_size")
-IDENTITY_OPTIONS = ("token_budget", "max_batch", "shard_mb", "splits", "max_gb", "engine")
+IDENTITY_OPTIONS = ("token_budget", "max_batch", "shard_mb", "splits", "max_gb", "engine", "compile_layers")
 
 
 @dataclass
