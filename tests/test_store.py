@@ -97,6 +97,13 @@ def test_rerun_with_other_settings_is_refused(target_and_data, tmp_path):
     # the compiled forward rounds differently: one store is captured one way
     with pytest.raises(EyasError, match=r"other inputs or settings \(changed: options.compile_layers\)"):
         capture(options(target, data, tmp_path / "f", compile_layers=False))
+    # a store from before the option was captured eagerly: --no-compile-layers continues it
+    manifest = json.loads((tmp_path / "f" / "manifest.json").read_text())
+    del manifest["options"]["compile_layers"]
+    (tmp_path / "f" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(EyasError, match=r"changed: options.compile_layers"):
+        capture(options(target, data, tmp_path / "f"))
+    assert capture(options(target, data, tmp_path / "f", compile_layers=False)).shards_written == 0
 
 
 def test_check_verifies_checksums_and_recaptures(target_and_data, tmp_path):

@@ -28,6 +28,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16, 
 # DATA_DIR counts by its manifest's SHA-256, so a moved DATA_DIR resumes.
 IDENTITY_TARGET = ("spec", "config_sha256", "architecture", "num_layers", "hidden_size")
 IDENTITY_OPTIONS = ("token_budget", "max_batch", "shard_mb", "splits", "max_gb", "engine", "compile_layers")
+# what a store made before an identity option existed was captured with: its rerun continues it only that way
+_BEFORE_THE_OPTION = {"compile_layers": False}  # the HF forward as it is, before --compile-layers (0609c3e)
 
 
 @dataclass
@@ -69,7 +71,7 @@ class StoreManifest:
     def identity(self) -> dict:
         """The fields that must match for a rerun to continue this store."""
         return {"target": {k: self.target.get(k) for k in IDENTITY_TARGET}, "data": self.data.get("manifest_sha256"),
-                "layer_ids": self.layer_ids, "dtype": self.dtype, "options": {k: self.options.get(k) for k in IDENTITY_OPTIONS}}
+                "layer_ids": self.layer_ids, "dtype": self.dtype, "options": {k: self.options.get(k, _BEFORE_THE_OPTION.get(k)) for k in IDENTITY_OPTIONS}}
 
     def output(self, name: str) -> dict | None:
         """The record of output file ``name`` (bytes, sha256), or None when the store lists none."""
