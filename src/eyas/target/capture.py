@@ -263,9 +263,10 @@ def _refuse_bypassing_setups(model: nn.Module, layout: TargetLayout) -> None:
                 or getattr(module, "_compiled_call_impl", None) is not None  # nn.Module.compile(): its hooks inside
                 or (forward_too and hasattr(module.forward, "_torchdynamo_orig_callable")))
 
-    tapped = [(f"{layout.layers_path}.{i}", layer) for i, layer in enumerate(layout.layers)] + [(layout.norm_path, layout.norm)]
+    # every layer and the final norm, whose hooks capture may use: their own forward compiled is no bypass
+    hooked = [(f"{layout.layers_path}.{i}", layer) for i, layer in enumerate(layout.layers)] + [(layout.norm_path, layout.norm)]
     for what, module, forward_too in (*((what, module, True) for what, module in _ancestors(model, layout)),
-                                      *((what, module, False) for what, module in tapped)):
+                                      *((what, module, False) for what, module in hooked)):
         if compiled(module, forward_too):
             raise CaptureError(
                 f"{what} is compiled with torch.compile: compiled graphs may run without calling "
