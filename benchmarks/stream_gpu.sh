@@ -73,11 +73,11 @@ for run in $RUNS; do  # a run that failed has no report: the summary leaves it o
   cp "$WORK/$run/report.json" "$RESULTS/report-$run.json" 2>/dev/null
   cp "$WORK/$run/metrics.jsonl" "$RESULTS/metrics-$run.jsonl" 2>/dev/null
 done
-python3 - "$RESULTS" "$WORK" "$capture_s" "$before" "$after" "$SWITCH_S" <<'PY'
+python3 - "$RESULTS" "$WORK" "$capture_s" "$before" "$after" "$SWITCH_S" "$RUNS" <<'PY'
 import json, pathlib, subprocess, sys
 results, work, capture_s, before, after = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), float(sys.argv[3]), \
     int(sys.argv[4]), int(sys.argv[5])
-switch = sys.argv[6]
+switch, runs = sys.argv[6], sys.argv[7].split()  # RUNS, offline first
 size = lambda p: int(subprocess.run(["du", "-sb", str(p)], capture_output=True, text=True).stdout.split()[0])
 rows = {}
 def utilisation(phase):  # the GPU's mean utilisation once warm (None: not sampled): the second half of the span from
@@ -91,7 +91,7 @@ def utilisation(phase):  # the GPU's mean utilisation once warm (None: not sampl
     return sum(warm) / len(warm) / 100 if warm else None
 
 
-for run in ("offline", "streamed", "threaded", "threaded-switch", "threaded-eager", "online"):
+for run in runs:
     if not (results / f"report-{run}.json").exists():
         continue  # the run failed (its log says why)
     report = json.loads((results / f"report-{run}.json").read_text())
@@ -104,7 +104,7 @@ for run in ("offline", "streamed", "threaded", "threaded-switch", "threaded-eage
                  "gpu_utilisation": utilisation(run)}
 ratio = lambda run, key: rows[run][key] / rows["offline"][key] if run in rows else None
 summary = {**rows, "ratio": ratio("streamed", "tokens_per_s"),
-           **{f"{run}_second_half_ratio": ratio(run, "second_half_tokens_per_s") for run in ("streamed", "threaded", "threaded-switch", "threaded-eager", "online")},
+           **{f"{run}_second_half_ratio": ratio(run, "second_half_tokens_per_s") for run in runs[1:]},
            "capture_gpu_utilisation": utilisation("capture"), "capture_seconds": capture_s,
            "store_bytes": size(work / "features")}
 if "streamed" in rows:  # the disk a streamed run used: its checkpoint and final weights, against the store

@@ -4,7 +4,7 @@ in the eyas cache.
 In bf16 every eager op rounds its output to bf16; inductor, fusing ops into one kernel, keeps what is between them in
 fp32 unless told to round there too (``emulate_precision_casts``). The unrounded kernels are no more wrong, but they
 are different, and eyas compiles only where the result must be the eager forward's arithmetic: the engine's decoding
-rounds (:func:`eyas.engine.graphs.compiled`) and capture's decoder layers (:func:`eyas.target.capture.fuse_decoder_layers`).
+rounds (:func:`eyas.engine.graphs.compiled`) and capture's decoder layers (:func:`eyas.target.capture.fused_decoder_layers`).
 """
 
 from __future__ import annotations

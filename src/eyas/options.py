@@ -145,7 +145,7 @@ def remote_code() -> Any:
 
 def compile_layers_option() -> Any:
     """The ``compile_layers`` field of every command that captures with the target loaded in HF (capture, train's
-    --stream and --online, produce)."""
+    --stream and --online; a remote producer, eyas produce, takes the trainer's in its plan)."""
     return option(True, "on CUDA, capture with each of the target's decoder layers compiled (torch.compile: its norms, "
                   "rotary embedding and activation fused; the first batches wait for the compilation); the capture's "
                   "hooks still run around every layer, so each tap is checked as in the eager forward. "
