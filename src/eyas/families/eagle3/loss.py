@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from eyas.compiling import compiled
 from eyas.families.eagle3.ttt import shift_left
 from eyas.sampling import sampling_probs
 
@@ -112,8 +113,8 @@ class _ChunkKernels:
         if self.compile_failed:
             return None
         if self._compiled is None:
-            self._compiled = (torch.compile(_row_terms_fusable, dynamic=True),
-                              torch.compile(_gradient_fusable, dynamic=True))
+            self._compiled = (compiled(_row_terms_fusable, dynamic=True, keep_rounding=False),
+                              compiled(_gradient_fusable, dynamic=True, keep_rounding=False))
         try:
             return self._compiled[which](*args)
         except Exception as error:  # a compiler or backend error: the eager functions compute the same

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from eyas.families.eagle3.model import Eagle3Drafter
-from eyas.families.eagle3.split_attention import attend_split
+from eyas.families.eagle3.split_attention import attend_causal, attend_split
 
 ATTENTION = ("scores", "concat", "split")
 CUDA_ATTENTION = "split"  # how steps after the first attend on a GPU (benchmarks/kimi_scale.py --attention concat,split measures them)
@@ -102,9 +102,9 @@ def ttt_steps(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor
             fused_mask = torch.cat([fused_mask, own], dim=-1)
 
         def attend(q, key, value, first=k == 0, mask=fused_mask):
-            if first:  # real features only: plain causal attention (a fused kernel)
+            if first:  # real features only: plain causal attention (the flash kernel on a GPU)
                 real.extend((key, value))
-                return F.scaled_dot_product_attention(q, key, value, is_causal=True)
+                return attend_causal(q, key, value)
             own_k.append(key)
             own_v.append(value)
             if attention == "concat":

@@ -1,0 +1,73 @@
+"""eyas.compiling: one compiled call at a time in a process, so that a thread's compiled call never meets another
+thread's compilation (the FX tracing flag and the patched ``nn.Module.__call__`` are process-wide)."""
+
+import threading
+
+import torch
+
+from eyas import compiling
+
+
+def test_a_compiled_call_waits_while_another_thread_compiles(monkeypatch):
+    entered, release = threading.Event(), threading.Event()
+    real_compile = torch.compile
+
+    def tracing_backend(graph, example_inputs):
+        """Stands for inductor: the compiling thread FX-traces (here a module that waits until released)."""
+
+        class Waits(torch.nn.Module):
+            def forward(self, x):
+                entered.set()
+                release.wait(30)
+                return x
+
+        torch.fx.symbolic_trace(Waits())
+        return graph.forward
+
+    def compile_with(backend):
+        monkeypatch.setattr(torch, "compile", lambda fn, dynamic, options: real_compile(fn, dynamic=dynamic,
+                                                                                        backend=backend))
+
+    compile_with("eager")
+    ready = compiling.compiled(lambda x: x + 1, dynamic=False)
+    x = torch.ones(3)
+    assert torch.equal(ready(x), x + 1)  # compiled before the race
+    compile_with(tracing_backend)
+    slow = compiling.compiled(lambda x: x * 3, dynamic=False)
+
+    results, errors = {}, []
+
+    def call(name, fn):
+        try:
+            results[name] = fn(x)
+        except Exception as err:  # noqa: BLE001 (the test reports what the thread raised)
+            errors.append((name, err))
+
+    compiling_thread = threading.Thread(target=call, args=("slow", slow))
+    compiling_thread.start()
+    assert entered.wait(30), "the compilation never reached its FX trace"
+    # torch 2.11 (the GPU image's) refuses a compiled call from another thread now ("Detected that you are using FX to
+    # symbolically trace a dynamo-optimized function"); 2.13 marks the whole process as compiling instead. Either way
+    # eyas' compiled call waits for the compilation to end:
+    waiting = threading.Thread(target=call, args=("ready", ready))
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive(), "eyas' compiled call ran while another thread's compilation was tracing"
+    release.set()
+    compiling_thread.join(30)
+    waiting.join(30)
+    assert not errors, errors
+    assert torch.equal(results["slow"], x * 3) and torch.equal(results["ready"], x + 1)
+
+
+def test_the_lock_is_reentrant_a_compiled_function_may_call_another():
+    outer_calls = []
+    inner = compiling.compiled(lambda x: x + 1, dynamic=False)
+
+    def outer(x):
+        outer_calls.append(1)
+        return inner(x) * 2
+
+    wrapped = compiling.compiled(outer, dynamic=False)
+    with compiling._ONE_AT_A_TIME:  # a thread holding it (a compiled call under way) may call one more
+        assert torch.equal(wrapped(torch.ones(2)), torch.full((2,), 4.0))
