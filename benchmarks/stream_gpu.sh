@@ -21,6 +21,7 @@
 # compile warm-ups excluded), the seconds each waited for its data, the GPU's utilisation once warm (nvidia-smi, the
 # share of time some kernel ran), the ratios to offline, the disk each used; the streamed log ends with the producer's
 # line (its capture time and its wait for room in the buffer).
+# RUNS (environment) names the runs to make, offline among them (default: all six above; the capture always).
 # Results under $OUT/stream (the runs' metrics.jsonl and report.json, the logs, util-*.csv, summary.json). On the device
 # machine $OUT is emptied at each call: a run that outlives its call writes under another OUT and copies it back.
 set -uo pipefail
@@ -30,15 +31,18 @@ TARGET=${TARGET:-~/stage/smollm2.gguf}
 WORK=${WORK:-~/stream-bench}
 RESULTS=${OUT:-.}/stream
 mkdir -p "$WORK" "$RESULTS"
-RUNS="offline streamed threaded threaded-switch threaded-eager online"
-for run in features $RUNS; do rm -rf "${WORK:?}/$run"; done
+ALL="offline streamed threaded threaded-switch threaded-eager online"
+RUNS=${RUNS:-$ALL}  # a shorter list (offline always first) when device time is short
+case " $RUNS " in *" offline "*) ;; *) echo "RUNS must hold offline: every ratio's ground" >&2; exit 2 ;; esac
+for run in features $ALL; do rm -rf "${WORK:?}/$run"; done
 COMMON=(--target "$TARGET" --max-steps "$STEPS" --token-budget "$BUDGET" --checkpoint-every "$STEPS" --keep 1
         --eval-batches 10)
 free() { df -B1 --output=avail "$WORK" | tail -n 1; }
 
-sampled() {  # PHASE CMD...: CMD, its output in $RESULTS/PHASE.log; the GPU's utilisation every 200 ms meanwhile in
+sampled() {  # PHASE CMD...: CMD (unless PHASE is a run RUNS leaves out), its output in $RESULTS/PHASE.log; the GPU's utilisation every 200 ms meanwhile in
   # $RESULTS/util-PHASE.csv (where nvidia-smi exists): the share of time some kernel ran, for the summary
   local phase=$1 sampler=; shift
+  case " capture $RUNS " in *" $phase "*) ;; *) return 0 ;; esac
   if command -v nvidia-smi > /dev/null; then
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$RESULTS/util-$phase.csv" 2>/dev/null &
     sampler=$!
@@ -121,10 +125,10 @@ for run, row in rows.items():
     print(f"| {run} | {row['tokens']:,} | {row['seconds']:.1f} | {row['tokens_per_s']:,.0f} | "
           f"{row['second_half_tokens_per_s']:,.0f} | {row['data_wait_s'] or 0:.1f} s | {busy} |")
 shown = lambda value: "—" if value is None else f"{value:.3f}"
-print(f"/ offline, second half: streamed {shown(summary['streamed_second_half_ratio'])}, a producer thread "
-      f"{shown(summary['threaded_second_half_ratio'])} (switch interval {switch} s: "
-      f"{shown(summary['threaded-switch_second_half_ratio'])}; its capture eager: "
-      f"{shown(summary['threaded-eager_second_half_ratio'])}), online {shown(summary['online_second_half_ratio'])} (streamed over the "
+print(f"/ offline, second half: streamed {shown(summary.get('streamed_second_half_ratio'))}, a producer thread "
+      f"{shown(summary.get('threaded_second_half_ratio'))} (switch interval {switch} s: "
+      f"{shown(summary.get('threaded-switch_second_half_ratio'))}; its capture eager: "
+      f"{shown(summary.get('threaded-eager_second_half_ratio'))}), online {shown(summary.get('online_second_half_ratio'))} (streamed over the "
       f"whole run {shown(summary['ratio'])}); capture {capture_s:.1f} s, store {summary['store_bytes']:,} B")
 if "streamed" in rows:
     weights = "the checkpoint's file under a second name" if shared else "a copy"
