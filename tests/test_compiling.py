@@ -2,6 +2,7 @@
 thread's compilation (the FX tracing flag and the patched ``nn.Module.__call__`` are process-wide)."""
 
 import threading
+import time
 
 import torch
 
@@ -71,3 +72,25 @@ def test_the_lock_is_reentrant_a_compiled_function_may_call_another():
     wrapped = compiling.compiled(outer, dynamic=False)
     with compiling._ONE_AT_A_TIME:  # a thread holding it (a compiled call under way) may call one more
         assert torch.equal(wrapped(torch.ones(2)), torch.full((2,), 4.0))
+
+
+def test_the_lock_goes_to_the_thread_that_waited_not_back_to_the_one_that_released_it():
+    lock, order, asked = compiling.FairLock(), [], threading.Event()
+
+    def other():
+        asked.set()
+        with lock:
+            order.append("other")
+
+    with lock:  # this thread holds it when the other asks
+        waiter = threading.Thread(target=other)
+        waiter.start()
+        asked.wait(10)
+        deadline = time.monotonic() + 10
+        while not lock._waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+    for _ in range(50):  # released, then asked for again at once, as a producer calls its layers one after another
+        with lock:
+            order.append("this")
+    waiter.join(10)
+    assert order[0] == "other", order[:5]

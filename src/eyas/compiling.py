@@ -15,17 +15,51 @@ a dynamo-optimized function"): a producer thread capturing beside the trainer (`
 thread``) died so when the trainer compiled its loss (an H100 run, 2026-12-07). Every function compiled here therefore
 runs under one lock: a compilation happens only inside such a call, so no other thread's compiled call runs while it
 traces, and a compiled call costs the other thread at most the wait for one call (a layer's or a loss chunk's kernel
-launches; a whole compilation only while one is under way).
+launches; a whole compilation only while one is under way). The lock is handed over in the order it was asked for:
+with Python's own, a thread that releases it takes it straight back, and the producer calling its 30 compiled layers
+in a row kept the trainer's loss waiting through a whole forward (12 ms a step on an H100:
+benchmarks/results/2026-12-07_h100_stream-4).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import threading
 from collections.abc import Callable
 
-_ONE_AT_A_TIME = threading.RLock()  # every call of a function compiled here holds it (the module's note)
+
+class FairLock:
+    """A reentrant lock that waiting threads get in the order they asked for it (first come, first served)."""
+
+    def __init__(self):
+        self._changed = threading.Condition(threading.Lock())
+        self._owner, self._depth = None, 0
+        self._waiting: collections.deque[int] = collections.deque()
+
+    def __enter__(self) -> FairLock:
+        me = threading.get_ident()
+        with self._changed:
+            if self._owner == me:
+                self._depth += 1
+                return self
+            self._waiting.append(me)
+            while self._owner is not None or self._waiting[0] != me:
+                self._changed.wait()
+            self._waiting.popleft()
+            self._owner, self._depth = me, 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._changed:
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._changed.notify_all()
+
+
+_ONE_AT_A_TIME = FairLock()  # every call of a function compiled here holds it (the module's note)
 
 
 def compiled(fn: Callable, dynamic: bool, keep_rounding: bool = True) -> Callable:
