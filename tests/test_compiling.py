@@ -94,3 +94,13 @@ def test_the_lock_goes_to_the_thread_that_waited_not_back_to_the_one_that_releas
             order.append("this")
     waiter.join(10)
     assert order[0] == "other", order[:5]
+
+
+def test_eyas_compiles_only_through_eyas_compiling():
+    """A torch.compile call elsewhere would run outside the lock, and a thread beside it could die of it again."""
+    from pathlib import Path
+
+    root = Path(compiling.__file__).parent
+    elsewhere = [f"{path.relative_to(root)}:{n}" for path in root.rglob("*.py") if path.name != "compiling.py"
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if "torch.compile(" in line]
+    assert not elsewhere, elsewhere
