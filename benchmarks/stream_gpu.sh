@@ -14,14 +14,15 @@
 #    producer on the same GPU; the filesystem's free bytes before and after, and the run's size;
 # 4. the same with `--stream-producer thread` (the producer a thread of the trainer's process); again with Python's
 #    thread switch interval at SWITCH_S (default 0.0005 s; Python's own is 0.005 s): a trainer thread that wants the GIL
-#    while the producer thread runs Python waits up to one interval, and its GPU may idle meanwhile; and again with
-#    --no-compile-layers (the capture's HF forward eager, as before --compile-layers: the same lease's baseline);
+#    while the producer thread runs Python waits up to one interval, and its GPU may idle meanwhile; again with the
+#    trainer's kernels on a CUDA stream of the highest priority (threaded-priority: the capture's kernels fill what the
+#    training leaves); and again with --no-compile-layers (the capture's HF forward eager, as before --compile-layers);
 # 5. `eyas train --online` the same steps (the target in the trainer, each batch captured before its step: no overlap);
 # then one table: tokens/s of each (the trainer's own count over its steps' time; and over the second half of the steps,
 # compile warm-ups excluded), the seconds each waited for its data, the GPU's utilisation once warm (nvidia-smi, the
 # share of time some kernel ran), the ratios to offline, the disk each used; the streamed log ends with the producer's
 # line (its capture time and its wait for room in the buffer).
-# RUNS (environment) names the runs to make, offline among them (default: all six above; the capture always).
+# RUNS (environment) names the runs to make, offline among them (default: all seven above; the capture always).
 # Results under $OUT/stream (the runs' metrics.jsonl and report.json, the logs, util-*.csv, summary.json). On the device
 # machine $OUT is emptied at each call: a run that outlives its call writes under another OUT and copies it back.
 set -uo pipefail
@@ -31,7 +32,7 @@ TARGET=${TARGET:-~/stage/smollm2.gguf}
 WORK=${WORK:-~/stream-bench}
 RESULTS=${OUT:-.}/stream
 mkdir -p "$WORK" "$RESULTS"
-ALL="offline streamed threaded threaded-switch threaded-eager online"
+ALL="offline streamed threaded threaded-switch threaded-priority threaded-eager online"
 RUNS=${RUNS:-$ALL}  # a shorter list (offline always first) when device time is short
 case " $RUNS " in *" offline "*) ;; *) echo "RUNS must hold offline: every ratio's ground" >&2; exit 2 ;; esac
 for run in features $ALL; do rm -rf "${WORK:?}/$run"; done
@@ -69,6 +70,11 @@ sampled threaded python3 -m eyas train --data "$DATA" --stream --stream-producer
 sampled threaded-switch python3 -c "import runpy, sys; sys.setswitchinterval($SWITCH_S); \
 runpy.run_module('eyas', run_name='__main__', alter_sys=True)" train --data "$DATA" --stream --stream-producer thread \
   --stream-dtype "$DTYPE" --out "$WORK/threaded-switch" "${COMMON[@]}"
+# the thread again with the trainer's kernels on a CUDA stream of the highest priority (the producer's has the lowest):
+# where both have kernels waiting the GPU schedules the training's first, and the capture's fill what it leaves
+sampled threaded-priority python3 -c "import runpy, torch; torch.cuda.set_stream(torch.cuda.Stream(priority=-1)); \
+runpy.run_module('eyas', run_name='__main__', alter_sys=True)" train --data "$DATA" --stream --stream-producer thread \
+  --stream-dtype "$DTYPE" --out "$WORK/threaded-priority" "${COMMON[@]}"
 sampled threaded-eager python3 -m eyas train --data "$DATA" --stream --stream-producer thread --stream-dtype "$DTYPE" \
   --no-compile-layers --out "$WORK/threaded-eager" "${COMMON[@]}"
 # the target inside the trainer, capturing each batch before its step (no overlap): what the stream must beat
@@ -127,7 +133,8 @@ for run, row in rows.items():
 shown = lambda value: "—" if value is None else f"{value:.3f}"
 print(f"/ offline, second half: streamed {shown(summary.get('streamed_second_half_ratio'))}, a producer thread "
       f"{shown(summary.get('threaded_second_half_ratio'))} (switch interval {switch} s: "
-      f"{shown(summary.get('threaded-switch_second_half_ratio'))}; its capture eager: "
+      f"{shown(summary.get('threaded-switch_second_half_ratio'))}; the trainer's stream first: "
+      f"{shown(summary.get('threaded-priority_second_half_ratio'))}; its capture eager: "
       f"{shown(summary.get('threaded-eager_second_half_ratio'))}), online {shown(summary.get('online_second_half_ratio'))} (streamed over the "
       f"whole run {shown(summary['ratio'])}); capture {capture_s:.1f} s, store {summary['store_bytes']:,} B")
 if "streamed" in rows:
