@@ -9,7 +9,10 @@ reads the trace back and writes what the GPU did in that window:
 - the longest idle gaps (no kernel on any stream) and, for each, the CUDA runtime calls in progress across it, by thread
   (a cudaStreamSynchronize, a cudaHostAlloc, an allocator's cudaFree… is the host waiting; no call at all means the
   host was busy elsewhere: Python, the GIL, the CPU's own work);
-- each thread's runtime-call time by name over the window.
+- each thread's runtime-call time by name over the window;
+- each profiled thread's host waits: spans of more than 3 ms in which it ran no op and no CUDA call (blocked on a lock,
+  a queue, a Python-level wait: what a profiler does not see), with the op it ran next (stream-4's trace showed the
+  trainer waiting ~32 ms a step before a compiled call, for the compile lock).
 
 Run on the GPU machine, eyas importable (PYTHONPATH=src), the command's words after `--`:
     python3 benchmarks/stream_trace_gpu.py --from-step 30 --steps 4 --out DIR -- train --data DATA_DIR --stream \
@@ -50,11 +53,15 @@ def main() -> None:
         raise SystemExit(f"no trace: the run ended before step {args.from_step + args.steps}")
     summary = explain(json.loads(trace.read_text()), args.gaps)
     (args.out / "gaps.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in summary.items() if k != "gaps"}, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("gaps", "host_waits")}, indent=1))
     print("| gap ms | starts at ms | runtime calls in progress (thread: call) |\n|---|---|---|")
     for gap in summary["gaps"]:
         calls = "; ".join(f"{c['thread']}: {c['name']} {c['ms']:.2f} ms" for c in gap["calls"]) or "none"
         print(f"| {gap['ms']:.2f} | {gap['at_ms']:.1f} | {calls} |")
+    print("| thread | host waits > 3 ms (ms at ms, inside → the op run next) |\n|---|---|")
+    for thread, waits in summary["host_waits"].items():
+        print(f"| {thread} | " + "; ".join(f"{w['ms']:.1f} at {w['at_ms']:.1f}, in {(w['inside'] or '-')[:30]} → "
+                                           f"{w['next'][:30]}" for w in waits) + " |")
 
 
 def _profile_steps(first: int, count: int, trace: Path) -> None:
@@ -94,7 +101,7 @@ def explain(trace: dict, top: int) -> dict:
     threads = {e["tid"]: e["args"]["name"] for e in trace.get("traceEvents", [])
                if e.get("ph") == "M" and e.get("name") == "thread_name" and "args" in e}
     if not kernels:
-        return {"kernels": 0, "gaps": []}
+        return {"kernels": 0, "gaps": [], "host_waits": {}}
     start, end = kernels[0]["ts"], max(e["ts"] + e["dur"] for e in kernels)
     busy, gaps, reach = 0.0, [], start
     for kernel in kernels:  # the union of kernel intervals, and the holes in it
@@ -112,6 +119,7 @@ def explain(trace: dict, top: int) -> dict:
     for call in runtime:
         per_thread[threads.get(call["tid"], str(call["tid"]))][call["name"]] += call["dur"]
     longest = sorted(gaps, key=lambda g: g[0] - g[1])[:top]
+    host_waits = {threads.get(tid, str(tid)): spans for tid, spans in _host_waits(events, start, end).items()}
     return {
         "window_ms": (end - start) / 1e3, "kernels": len(kernels), "busy_share": busy / (end - start),
         "kernel_ms_by_stream": {s: t / 1e3 for s, t in sorted(per_stream.items(), key=lambda x: -x[1])},
@@ -123,7 +131,32 @@ def explain(trace: dict, top: int) -> dict:
                   "calls": [{"thread": threads.get(c["tid"], str(c["tid"])), "name": c["name"],
                              "ms": c["dur"] / 1e3} for c in runtime if c["ts"] < b and c["ts"] + c["dur"] > a]}
                  for a, b in sorted(longest)],
+        "host_waits": host_waits,
     }
+
+
+def _host_waits(events: list[dict], start: float, end: float, least_us: float = 3000.0) -> dict:
+    """Per thread, the spans within [start, end] of more than ``least_us`` in which it began and ended no short event
+    (an op or a CUDA call shorter than ``least_us``): [{"ms", "at_ms", "inside", "next"}] — the innermost longer op
+    around the span (an op that waited, or one busy on the CPU, such as cuDNN building a plan) and the op run next."""
+    host = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")]
+    by_thread = defaultdict(list)
+    for event in host:
+        by_thread[event["tid"]].append(event)
+    waits = {}
+    for tid, spans in by_thread.items():
+        short = sorted((e for e in spans if e["dur"] < least_us), key=lambda e: e["ts"])
+        reach, found = None, []
+        for event in short:
+            if reach is not None and event["ts"] - reach > least_us and event["ts"] >= start and reach <= end:
+                around = [e for e in spans if e["ts"] <= reach and e["ts"] + e["dur"] >= event["ts"]]
+                inside = min(around, key=lambda e: e["dur"])["name"] if around else None
+                found.append({"ms": (event["ts"] - reach) / 1e3, "at_ms": (reach - start) / 1e3, "inside": inside,
+                              "next": event["name"]})
+            reach = max(reach or event["ts"], event["ts"] + event["dur"])
+        if found:
+            waits[tid] = found
+    return waits
 
 
 if __name__ == "__main__":
