@@ -326,17 +326,18 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(fake.delay)
             last = messages[-1]["content"]
             if n <= fake.fail_each:
-                self._send(503, {"error": {"message": "overloaded, try later"}})
+                reply = 503, {"error": {"message": "overloaded, try later"}}
             elif "BAD" in last:
-                self._send(400, {"error": {"message": "this prompt is malformed"}})
+                reply = 400, {"error": {"message": "this prompt is malformed"}}
             else:
                 content = "" if "EMPTY" in last else fake_answer(messages)
                 finish = "length" if "LONG" in last else "stop"
-                self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                              "finish_reason": finish}]})
-        finally:
-            with fake.lock:
+                reply = 200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                           "finish_reason": finish}]}
+        finally:  # out of flight before the reply goes: a client that has it may send its next request at once,
+            with fake.lock:  # before this thread would come back to count this one done
                 fake.in_flight -= 1
+        self._send(*reply)
 
 
 @pytest.fixture
