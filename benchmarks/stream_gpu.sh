@@ -33,8 +33,10 @@ WORK=${WORK:-~/stream-bench}
 RESULTS=${OUT:-.}/stream
 mkdir -p "$WORK" "$RESULTS"
 ALL="offline streamed threaded threaded-switch threaded-priority threaded-eager online"
-RUNS=${RUNS:-$ALL}  # a shorter list (offline always first) when device time is short
+RUNS=${RUNS:-$ALL}  # a shorter list when device time is short
+for run in $RUNS; do case " $ALL " in *" $run "*) ;; *) echo "RUNS: no run named $run (the runs: $ALL)" >&2; exit 2 ;; esac; done
 case " $RUNS " in *" offline "*) ;; *) echo "RUNS must hold offline: every ratio's ground" >&2; exit 2 ;; esac
+RUNS=$(for run in $ALL; do case " $RUNS " in *" $run "*) printf '%s ' "$run" ;; esac; done)  # in ALL's order: offline first
 for run in features $ALL; do rm -rf "${WORK:?}/$run"; done
 COMMON=(--target "$TARGET" --max-steps "$STEPS" --token-budget "$BUDGET" --checkpoint-every "$STEPS" --keep 1
         --eval-batches 10)

@@ -11,8 +11,8 @@ reads the trace back and writes what the GPU did in that window:
   host was busy elsewhere: Python, the GIL, the CPU's own work);
 - each thread's runtime-call time by name over the window;
 - each profiled thread's host waits: spans of more than 3 ms in which it ran no op and no CUDA call (blocked on a lock,
-  a queue, a Python-level wait: what a profiler does not see), with the op it ran next (stream-4's trace showed the
-  trainer waiting ~32 ms a step before a compiled call, for the compile lock).
+  a queue, a Python-level wait: what a profiler does not see), with the op around it and the op it ran next
+  (stream-4's trace showed the trainer waiting ~32 ms a step before a compiled call, for the compile lock).
 
 Run on the GPU machine, eyas importable (PYTHONPATH=src), the command's words after `--`:
     python3 benchmarks/stream_trace_gpu.py --from-step 30 --steps 4 --out DIR -- train --data DATA_DIR --stream \
