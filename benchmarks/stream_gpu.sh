@@ -23,6 +23,9 @@
 # share of time some kernel ran), the ratios to offline, the disk each used; the streamed log ends with the producer's
 # line (its capture time and its wait for room in the buffer).
 # RUNS (environment) names the runs to make, offline among them (default: all seven above; the capture always).
+# TARGET (environment) is the target (default ~/stage/smollm2.gguf); a device call that cannot carry the GGUF as well
+# takes a stand-in of its architecture (benchmarks/random_target.py: the shape carried, random weights drawn there):
+# its throughputs are the target's, its losses and acceptances noise.
 # Results under $OUT/stream (the runs' metrics.jsonl and report.json, the logs, util-*.csv, summary.json). On the device
 # machine $OUT is emptied at each call: a run that outlives its call writes under another OUT and copies it back.
 set -uo pipefail
