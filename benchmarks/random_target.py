@@ -8,9 +8,10 @@ and the weights are drawn on the device:
     python benchmarks/random_target.py shape TARGET DIR     # here: DIR/config.json and TARGET's tokenizer, no weights
     python benchmarks/random_target.py weights DIR          # there: seeded random weights beside them (bf16)
 
-then `--target DIR` (stream_gpu.sh: `TARGET=DIR`). TARGET is any eyas target spec (`demo`, a .gguf, an HF directory).
-For speed and memory only: the states such a target yields are noise, so losses and acceptances mean nothing; a
-record made with it says so.
+with eyas importable (PYTHONPATH=src) both times; then `--target DIR` (stream_gpu.sh: `TARGET=DIR`). TARGET is any
+eyas target spec (`demo`, a .gguf, an HF directory); the weights' model class is the one eyas loads the target with
+(:func:`eyas.target.loading.build_from_config`: multimodal wrappers too). For speed and memory only: the states such
+a target yields are noise, so losses and acceptances mean nothing; a record made with it says so.
 """
 
 from __future__ import annotations
@@ -38,16 +39,15 @@ def save_shape(target: str, out: Path, trust_remote_code: bool = False) -> None:
 def save_weights(directory: Path, seed: int = 0, dtype: str = "bfloat16", trust_remote_code: bool = False) -> None:
     """Seeded random weights for DIRECTORY's config, written beside it (refused where weights are already there)."""
     import torch
-    import transformers
+
+    from eyas.target.loading import build_from_config, load_target_config
 
     present = [name for name in WEIGHTS if (directory / name).exists()]
     if present:
         raise SystemExit(f"{directory} already holds weights ({', '.join(present)}): give a shape directory")
-    config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code)
+    config, _ = load_target_config(str(directory), trust_remote_code)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype),
-                                                          trust_remote_code=trust_remote_code)
-    model.save_pretrained(directory)
+    build_from_config(config, trust_remote_code, dtype=getattr(torch, dtype)).save_pretrained(directory)
 
 
 def main(argv: list[str] | None = None) -> None:

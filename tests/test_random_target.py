@@ -49,3 +49,17 @@ def test_weights_are_seeded_and_never_overwrite(random_target, tmp_path):
     assert drawn[0].keys() == drawn[1].keys() and all(torch.equal(drawn[0][k], drawn[1][k]) for k in drawn[0])
     with pytest.raises(SystemExit, match="already holds weights"):
         random_target.main(["weights", str(tmp_path / "a")])
+
+
+def test_weights_for_a_multimodal_wrapper_take_the_class_eyas_loads_it_with(random_target, tmp_path):
+    """A wrapped target (llava here, Kimi-K2.5's kind) has no causal-LM auto class: the stand-in is built as
+    eyas.target.loading builds it."""
+    from eyas.target.loading import load_target
+
+    original = zoo.llava()
+    original.config.save_pretrained(tmp_path / "shape")
+    random_target.main(["weights", str(tmp_path / "shape")])
+    stand_in = load_target(str(tmp_path / "shape"), device="cpu")
+    assert type(stand_in.model) is type(original)
+    assert {k: v.shape for k, v in stand_in.model.named_parameters()} == \
+        {k: v.shape for k, v in original.named_parameters()}

@@ -124,7 +124,13 @@ def ships_chat_template(spec: str) -> bool | None:
 def build_skeleton(config, trust_remote_code: bool = False) -> nn.Module:
     """Instantiate the architecture on the meta device: the module tree without any weights."""
     with torch.device("meta"):
-        return _from_loader(lambda cls: cls.from_config(config, trust_remote_code=trust_remote_code), config)
+        return build_from_config(config, trust_remote_code)
+
+
+def build_from_config(config, trust_remote_code: bool = False, **kwargs) -> nn.Module:
+    """The architecture of ``config``, its weights initialised as transformers does (``kwargs`` to ``from_config``,
+    e.g. ``dtype``): the class :func:`load_target` would load it with."""
+    return _from_loader(lambda cls: cls.from_config(config, trust_remote_code=trust_remote_code, **kwargs), config)
 
 
 def load_target(
