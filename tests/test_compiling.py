@@ -1,8 +1,8 @@
-"""eyas.compiling: one compiled call at a time in a process, so that a thread's compiled call never meets another
-thread's compilation (the FX tracing flag and the patched ``nn.Module.__call__`` are process-wide)."""
+"""eyas.compiling's gate: compiled calls side by side, a compilation alone, so that a thread's compiled call never meets
+another thread's compilation (the FX tracing flag and the patched ``nn.Module.__call__`` are process-wide) and never
+waits for another thread's compiled call either."""
 
 import threading
-import time
 
 import torch
 
@@ -61,43 +61,117 @@ def test_a_compiled_call_waits_while_another_thread_compiles(monkeypatch):
     assert torch.equal(results["slow"], x * 3) and torch.equal(results["ready"], x + 1)
 
 
-def test_the_lock_is_reentrant_a_compiled_function_may_call_another():
-    outer_calls = []
+def eager_compiled(monkeypatch, fn, dynamic=False):
+    """``fn`` compiled by eyas.compiling with dynamo's eager backend (dynamo's guards and stances; no inductor)."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda f, dynamic, options: real_compile(f, dynamic=dynamic, backend="eager"))
+    return compiling.compiled(fn, dynamic=dynamic)
+
+
+def blocking(inside: threading.Event, release: threading.Event):
+    """A function whose compiled call stays under way until ``release`` (a graph break, then a wait in eager Python)."""
+    def fn(x):
+        y = x + 1
+        torch._dynamo.graph_break()
+        inside.set()
+        release.wait(30)
+        return y * 2
+
+    return fn
+
+
+def test_compiled_calls_run_side_by_side(monkeypatch):
+    """A thread's compiled call does not wait for another thread's (a lock around every call made the producer thread's
+    layers and the trainer's loss take turns: idle GPU time each step)."""
+    inside, release = threading.Event(), threading.Event()
+    slow = eager_compiled(monkeypatch, blocking(inside, release))
+    quick = compiling.compiled(lambda x: x - 1, dynamic=False)
+    x = torch.ones(3)
+    release.set()
+    assert torch.equal(slow(x), (x + 1) * 2) and torch.equal(quick(x), x - 1)  # both compiled: warm
+    release.clear(), inside.clear()
+    results = {}
+    holder = threading.Thread(target=lambda: results.update(slow=slow(x)))
+    holder.start()
+    try:
+        assert inside.wait(30)
+        beside = threading.Thread(target=lambda: results.update(quick=quick(x)))
+        beside.start()
+        beside.join(10)
+        assert not beside.is_alive(), "a compiled call waited for another thread's compiled call to end"
+        assert torch.equal(results["quick"], x - 1)
+    finally:
+        release.set()
+        holder.join(30)
+    assert torch.equal(results["slow"], (x + 1) * 2)
+
+
+def test_a_compilation_waits_for_the_calls_under_way_and_runs_alone(monkeypatch):
+    """A warm function meeting a new shape (dynamic=False: it recompiles) while another thread's compiled call is under
+    way is refused, waits for that call to end, and compiles alone; both results are right, and dynamo's stance is
+    what it was."""
+    from torch._dynamo import eval_frame
+
+    inside, release = threading.Event(), threading.Event()
+    slow = eager_compiled(monkeypatch, blocking(inside, release))
+    grows = compiling.compiled(lambda x: x * 3, dynamic=False)
+    x = torch.ones(3)
+    release.set()
+    slow(x), grows(x)
+    release.clear(), inside.clear()
+    results, errors = {}, []
+
+    def call(name, fn, arg):
+        try:
+            results[name] = fn(arg)
+        except Exception as err:  # noqa: BLE001 (the test reports what the thread raised)
+            errors.append((name, err))
+
+    holder = threading.Thread(target=call, args=("slow", slow, x))
+    holder.start()
+    assert inside.wait(30)
+    new_shape = torch.ones(5)
+    compiler = threading.Thread(target=call, args=("grows", grows, new_shape))
+    compiler.start()
+    compiler.join(0.3)
+    assert compiler.is_alive(), "a compilation started while another thread's compiled call was under way"
+    release.set()
+    holder.join(30), compiler.join(30)
+    assert not errors, errors
+    assert torch.equal(results["slow"], (x + 1) * 2) and torch.equal(results["grows"], new_shape * 3)
+    assert eval_frame._stance.stance == "default"
+
+
+def test_a_compiled_function_may_call_another():
     inner = compiling.compiled(lambda x: x + 1, dynamic=False)
 
     def outer(x):
-        outer_calls.append(1)
         return inner(x) * 2
 
     wrapped = compiling.compiled(outer, dynamic=False)
-    with compiling._ONE_AT_A_TIME:  # a thread holding it (a compiled call under way) may call one more
-        assert torch.equal(wrapped(torch.ones(2)), torch.full((2,), 4.0))
+    assert torch.equal(wrapped(torch.ones(2)), torch.full((2,), 4.0))
+    assert torch.equal(wrapped(torch.ones(4)), torch.full((4,), 4.0))  # a new shape: both compile again, alone
 
 
-def test_the_lock_goes_to_the_thread_that_waited_not_back_to_the_one_that_released_it():
-    lock, order, asked = compiling.FairLock(), [], threading.Event()
+def test_an_error_of_the_function_reaches_the_caller_and_leaves_the_gate_open(monkeypatch):
+    def fails(x):
+        raise RuntimeError("the function's own error")
 
-    def other():
-        asked.set()
-        with lock:
-            order.append("other")
-
-    with lock:  # this thread holds it when the other asks
-        waiter = threading.Thread(target=other)
-        waiter.start()
-        asked.wait(10)
-        deadline = time.monotonic() + 10
-        while not lock._waiting and time.monotonic() < deadline:
-            time.sleep(0.001)
-    for _ in range(50):  # released, then asked for again at once, as a producer calls its layers one after another
-        with lock:
-            order.append("this")
-    waiter.join(10)
-    assert order[0] == "other", order[:5]
+    broken = eager_compiled(monkeypatch, fails)
+    for _ in range(2):
+        try:
+            broken(torch.ones(2))
+        except RuntimeError as err:
+            assert "the function's own error" in str(err)
+        else:
+            raise AssertionError("the error was swallowed")
+    fine = compiling.compiled(lambda x: x + 1, dynamic=False)
+    assert torch.equal(fine(torch.ones(2)), torch.full((2,), 2.0))
+    assert compiling._GATE._running == 0 and compiling._GATE._alone is None
 
 
 def test_eyas_compiles_only_through_eyas_compiling():
-    """A torch.compile call elsewhere would run outside the lock, and a thread beside it could die of it again."""
+    """A torch.compile call elsewhere would run outside the gate, and a thread beside it could die of it again."""
     from pathlib import Path
 
     root = Path(compiling.__file__).parent
