@@ -77,7 +77,7 @@ class CommonTrainOptions(Options):
                                   "its own: a failure or kill -9 of either side leaves the other to end cleanly) or "
                                   "thread (HF, a thread of the trainer's process capturing on a CUDA stream of its own: "
                                   "no copies between processes, and one GPU may run the capture's kernels beside the "
-                                  "training's)", check=one_of("process", "thread"))
+                                  "training's: on a GPU the trainer shares, the faster of the two)", check=one_of("process", "thread"))
     stream_listen: str | None = option(None, "--stream: wait at HOST:PORT for a producer on another host (it runs "
                                        "eyas produce --trainer HOST:PORT) instead of starting one here; gloo over TCP")
     stream_engine: str = option("hf", "--stream: what runs the target: hf (transformers, in the producer) or vllm "
