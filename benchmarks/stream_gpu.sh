@@ -10,8 +10,8 @@
 # 1. `eyas capture` DATA_DIR into a store (DTYPE, default bf16; the training's TOKEN_BUDGET, default 32768, so the
 #    store's batches are the training's), timed;
 # 2. `eyas train` STEPS steps from the store (offline);
-# 3. `eyas train --stream` STEPS steps from DATA_DIR with the same seed, budget and dtype (the same batches), the
-#    producer on the same GPU; the filesystem's free bytes before and after, and the run's size;
+# 3. `eyas train --stream --stream-producer process` STEPS steps from DATA_DIR with the same seed, budget and dtype (the
+#    same batches), the producer a process on the same GPU; the filesystem's free bytes before and after, and the run's size;
 # 4. the same with `--stream-producer thread` (the producer a thread of the trainer's process); again with Python's
 #    thread switch interval at SWITCH_S (default 0.0005 s; Python's own is 0.005 s): a trainer thread that wants the GIL
 #    while the producer thread runs Python waits up to one interval, and its GPU may idle meanwhile; again with the
@@ -67,7 +67,8 @@ sampled capture python3 -m eyas capture --target "$TARGET" --data "$DATA" --out 
 capture_s=$(( SECONDS - start ))
 sampled offline python3 -m eyas train --features "$WORK/features" --out "$WORK/offline" "${COMMON[@]}"
 before=$(free)
-sampled streamed python3 -m eyas train --data "$DATA" --stream --stream-dtype "$DTYPE" --out "$WORK/streamed" "${COMMON[@]}"
+sampled streamed python3 -m eyas train --data "$DATA" --stream --stream-producer process --stream-dtype "$DTYPE" \
+  --out "$WORK/streamed" "${COMMON[@]}"
 after=$(free)
 # the producer as a thread of the trainer's process (its capture on a CUDA stream of its own)
 sampled threaded python3 -m eyas train --data "$DATA" --stream --stream-producer thread --stream-dtype "$DTYPE" \

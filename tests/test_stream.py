@@ -90,6 +90,24 @@ def test_a_producer_thread_that_fails_ends_the_run_in_one_line(setup, tmp_path):
         train(opts(target, tmp_path / "run2", data=data, stream=True, stream_producer="thread", stream_engine="vllm"))
 
 
+def test_the_producer_is_a_thread_by_default_only_beside_the_training_on_its_own_gpu():
+    """--stream-producer auto (the default): a thread where HF runs the target on the trainer's own GPU (there it
+    streamed faster than a process, BENCHMARKS), a process elsewhere; process and thread are taken as given."""
+    from types import SimpleNamespace
+
+    from eyas.train.stream.setup import producer_in_thread
+
+    def thread(device, producer="auto", producer_device=None, engine="hf"):
+        options = SimpleNamespace(stream_producer=producer, producer_device=producer_device, stream_engine=engine)
+        return producer_in_thread(options, torch.device(device))
+
+    assert thread("cuda:0") and thread("cuda:0", producer_device="cuda:0") and thread("cuda:1", producer_device="cuda:1")
+    assert not thread("cuda:0", producer_device="cuda:1")  # a GPU of its own: nothing shared
+    assert not thread("cuda:0", producer_device="cuda")  # the target spread over every GPU
+    assert not thread("cuda:0", engine="vllm") and not thread("cpu")
+    assert not thread("cuda:0", producer="process") and thread("cpu", producer="thread")
+
+
 def test_the_loader_counts_the_time_the_trainer_waits_for_a_batch():
     from eyas.train.data import Prefetcher
 

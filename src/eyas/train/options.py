@@ -73,11 +73,13 @@ class CommonTrainOptions(Options):
     producer_device: str | None = option(None, "--stream: where the producer runs the target with HF (default: the "
                                          "trainer's device; e.g. cuda:1, or cuda to spread a large target over every "
                                          "GPU)")
-    stream_producer: str = option("process", "--stream: how the producer on this host runs: process (a process of "
-                                  "its own: a failure or kill -9 of either side leaves the other to end cleanly) or "
+    stream_producer: str = option("auto", "--stream: how the producer on this host runs: process (a process of "
+                                  "its own: a failure or kill -9 of either side leaves the other to end cleanly), "
                                   "thread (HF, a thread of the trainer's process capturing on a CUDA stream of its own: "
                                   "no copies between processes, and one GPU may run the capture's kernels beside the "
-                                  "training's: on a GPU the trainer shares, the faster of the two)", check=one_of("process", "thread"))
+                                  "training's), or auto: a thread where it runs the target with HF on the trainer's own "
+                                  "GPU (the faster there), a process elsewhere",
+                                  check=one_of("auto", "process", "thread"))
     stream_listen: str | None = option(None, "--stream: wait at HOST:PORT for a producer on another host (it runs "
                                        "eyas produce --trainer HOST:PORT) instead of starting one here; gloo over TCP")
     stream_engine: str = option("hf", "--stream: what runs the target: hf (transformers, in the producer) or vllm "

@@ -42,7 +42,7 @@ def _refuse_unread(options) -> None:
     """Producer options this run's producer would not read, refused in one line."""
     if options.stream_listen is not None:
         given = [flag for flag, value in (("--producer-device", options.producer_device),
-                                          ("--stream-producer", options.stream_producer != "process"),
+                                          ("--stream-producer", options.stream_producer != "auto"),
                                           ("--stream-engine", options.stream_engine != "hf"),
                                           ("--vllm-arg", options.vllm_args), ("--vllm-python", options.vllm_python))
                  if value]
@@ -79,7 +79,7 @@ def _local_stream(options, device, facts, data_dir, layer_ids, multiple, holdout
                         vllm_engine=parse_vllm_args(options.vllm_args, RESERVED_ARGS) if vllm else None)
     where = "with vLLM" if vllm else f"on {spec.device}"
     return Stream(spec, options.stream_depth, f"runs the target {where}, capturing {data_dir} at {spec.dtype} up to "
-                  f"{options.stream_depth} batches ahead of the trainer", thread=options.stream_producer == "thread")
+                  f"{options.stream_depth} batches ahead of the trainer", thread=producer_in_thread(options, device))
 
 
 def _remote_stream(options, device, facts, data_dir, layer_ids, multiple, holdout):
@@ -94,6 +94,16 @@ def _remote_stream(options, device, facts, data_dir, layer_ids, multiple, holdou
     hidden = facts["hidden_size"]
     command = f"eyas produce --trainer {options.stream_listen} --target TARGET --data DATA_DIR"
     return RemoteStream(options.stream_listen, plan, (len(layer_ids) * hidden, hidden), command)
+
+
+def producer_in_thread(options, device: torch.device) -> bool:
+    """Whether this host's producer runs as a thread of the trainer's process: ``--stream-producer thread``, or ``auto``
+    with the target in HF on the trainer's own GPU, where a thread streamed faster than a process (0.909× offline
+    training against 0.876×: BENCHMARKS, "Streaming capture against a store"); a process otherwise."""
+    if options.stream_producer != "auto":
+        return options.stream_producer == "thread"
+    own_gpu = device.type == "cuda" and options.producer_device in (None, _one_device(device))
+    return options.stream_engine == "hf" and own_gpu
 
 
 def _one_device(device: torch.device) -> str:
