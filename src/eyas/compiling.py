@@ -15,11 +15,13 @@ symbolically trace a dynamo-optimized function"): a producer thread capturing be
 --stream-producer thread``) died so when the trainer compiled its loss (an H100 run, 2026-12-07). Every call of a
 function compiled here therefore goes through one gate (:class:`CompileGate`): calls that find their compiled code run
 side by side, under dynamo's stance "fail_on_recompile"; a call that would compile is refused before it runs anything,
-and runs again alone, once every call under way has ended and before any other starts. A lock around every call (one
-compiled call at a time) was tried first, and cost more than the compilations it guarded: the producer's 30 layer calls
-a batch and the trainer's loss calls took turns through it, and each turn waited for the other thread to give up
-Python's GIL — 12 ms of idle GPU a step with Python's RLock, 26-46 ms handed over first come first served (H100,
-benchmarks/results/2026-12-07_h100_stream-4 and 2026-12-07_h100_stream-5).
+and runs again alone, once every call under way has ended and before any other starts. The stance is process-wide:
+while calls run side by side, a function compiled elsewhere than here would be refused too (eyas compiles nowhere
+else: tests/test_compiling.py). A lock around every call (one compiled call at a time) was tried first, and cost more
+than the compilations it guarded: the producer's 30 layer calls a batch and the trainer's loss calls took turns
+through it, and each turn waited for the other thread to give up Python's GIL — 12 ms of idle GPU a step with Python's
+RLock, 26-46 ms handed over first come first served (H100, benchmarks/results/2026-12-07_h100_stream-4 and
+2026-12-07_h100_stream-5).
 """
 
 from __future__ import annotations
