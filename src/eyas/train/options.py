@@ -62,9 +62,9 @@ class CommonTrainOptions(Options):
     keep: int = option(3, "checkpoints kept (the oldest are deleted)", check=at_least(1))
     seed: int = option(0, "seed of the drafter's initialisation and the batch order", check=SEED)
     fsdp: bool = option(False, "under torchrun: shard the drafter over ranks with FSDP2 (for drafters of very large targets)")
-    stream: bool = option(False, "capture while training, with no feature store: a producer process runs the target over "
-                          "--data DATA_DIR in the order the trainer takes the batches and hands their states over through "
-                          "a bounded shared-memory buffer; only checkpoints are written. The weights are an offline "
+    stream: bool = option(False, "capture while training, with no feature store: a producer (--stream-producer) runs the "
+                          "target over --data DATA_DIR in the order the trainer takes the batches and hands their states "
+                          "over through a bounded buffer; only checkpoints are written. The weights are an offline "
                           "run's from a store captured in the same batches at --stream-dtype")
     stream_dtype: str = option("bf16", "--stream: the precision the states travel in, as capture's --dtype (bf16, fp16, "
                                "fp32, or fp8: e4m3 with a per-token scale)", check=one_of("bf16", "fp16", "fp32", "fp8"))
