@@ -8,10 +8,17 @@ import torch
 
 from eyas import compiling
 
+REAL_COMPILE = torch.compile  # a test may swap the backend more than once
+
+
+def compile_with(monkeypatch, backend):
+    """eyas.compiling's torch.compile from now on with dynamo's ``backend`` (its guards and stances; no inductor)."""
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic, options: REAL_COMPILE(fn, dynamic=dynamic,
+                                                                                    backend=backend))
+
 
 def test_a_compiled_call_waits_while_another_thread_compiles(monkeypatch):
     entered, release = threading.Event(), threading.Event()
-    real_compile = torch.compile
 
     def tracing_backend(graph, example_inputs):
         """Stands for inductor: the compiling thread FX-traces (here a module that waits until released)."""
@@ -25,15 +32,11 @@ def test_a_compiled_call_waits_while_another_thread_compiles(monkeypatch):
         torch.fx.symbolic_trace(Waits())
         return graph.forward
 
-    def compile_with(backend):
-        monkeypatch.setattr(torch, "compile", lambda fn, dynamic, options: real_compile(fn, dynamic=dynamic,
-                                                                                        backend=backend))
-
-    compile_with("eager")
+    compile_with(monkeypatch, "eager")
     ready = compiling.compiled(lambda x: x + 1, dynamic=False)
     x = torch.ones(3)
     assert torch.equal(ready(x), x + 1)  # compiled before the race
-    compile_with(tracing_backend)
+    compile_with(monkeypatch, tracing_backend)
     slow = compiling.compiled(lambda x: x * 3, dynamic=False)
 
     results, errors = {}, []
@@ -62,9 +65,8 @@ def test_a_compiled_call_waits_while_another_thread_compiles(monkeypatch):
 
 
 def eager_compiled(monkeypatch, fn, dynamic=False):
-    """``fn`` compiled by eyas.compiling with dynamo's eager backend (dynamo's guards and stances; no inductor)."""
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda f, dynamic, options: real_compile(f, dynamic=dynamic, backend="eager"))
+    """``fn`` compiled by eyas.compiling with dynamo's eager backend."""
+    compile_with(monkeypatch, "eager")
     return compiling.compiled(fn, dynamic=dynamic)
 
 
@@ -167,7 +169,7 @@ def test_an_error_of_the_function_reaches_the_caller_and_leaves_the_gate_open(mo
             raise AssertionError("the error was swallowed")
     fine = compiling.compiled(lambda x: x + 1, dynamic=False)
     assert torch.equal(fine(torch.ones(2)), torch.full((2,), 2.0))
-    assert compiling._GATE._running == 0 and compiling._GATE._alone is None
+    assert compiling._GATE._running == 0 and not compiling._GATE._alone
 
 
 def test_eyas_compiles_only_through_eyas_compiling():

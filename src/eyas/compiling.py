@@ -43,7 +43,7 @@ class CompileGate:
     def __init__(self):
         self._changed = threading.Condition(threading.Lock())
         self._running = 0  # calls under way side by side
-        self._alone = None  # the thread whose call runs alone (it may compile), or None
+        self._alone = False  # a call runs alone (it may compile)
         self._queued = 0  # threads waiting to run alone: no call starts before them
         self._stance = None  # the set_stance that refuses compilations while calls run side by side
         self._mine = threading.local()  # this thread's calls under way
@@ -74,12 +74,12 @@ class CompileGate:
             self._mine.depth -= 1
 
     def _enter_beside(self) -> None:
-        import torch
-
         with self._changed:
-            while self._alone is not None or self._queued:
+            while self._alone or self._queued:
                 self._changed.wait()
             if self._running == 0:  # the first of the calls side by side: compilations refused from now on
+                import torch
+
                 self._stance = torch.compiler.set_stance("fail_on_recompile")
             self._running += 1
 
@@ -94,14 +94,14 @@ class CompileGate:
     def _enter_alone(self) -> None:
         with self._changed:
             self._queued += 1
-            while self._alone is not None or self._running:
+            while self._alone or self._running:
                 self._changed.wait()
             self._queued -= 1
-            self._alone = threading.get_ident()
+            self._alone = True
 
     def _leave_alone(self) -> None:
         with self._changed:
-            self._alone = None
+            self._alone = False
             self._changed.notify_all()
 
 
