@@ -188,3 +188,14 @@ class Sampling:
     def recorded(self) -> tuple:
         """What a recording of a sampled round bakes in: everything but the seed (which only picks the uniforms)."""
         return self.temperature, self.top_p, self.draft_sampling, self.verification
+
+
+def chain_depths(modes: str) -> tuple[int, ...]:
+    """The depths K of ``modes`` (chain:K, comma-separated), ascending; anything but chains refused in one line (what
+    ``eyas train --predict-modes`` takes: τ is predicted for chains, the modes vLLM serves)."""
+    chosen = parse_modes(modes)
+    others = [mode.label() for mode in chosen if mode.mode != "chain"]
+    if others:
+        raise EyasError(f"--predict-modes {modes}: {', '.join(others)} is not a chain; τ is predicted for chains "
+                        "(chain:K), the modes vLLM serves")
+    return tuple(sorted({mode.max_depth for mode in chosen}))

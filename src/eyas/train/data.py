@@ -189,12 +189,17 @@ def planned_split(data_dir: Path, split: str, token_budget: int, multiple: int) 
 class OnlineSource:
     """Batches whose target states are captured now, in this process: nothing touches the disk."""
 
-    def __init__(self, target, data_dir: Path, split: str, layer_ids, token_budget: int, device, dtype,
-                 multiple: int | None = None, compile_layers: bool = False):
+    def __init__(self, target, data_dir: Path | None, split: str | None, layer_ids, token_budget: int, device, dtype,
+                 multiple: int | None = None, compile_layers: bool = False, samples: list | None = None):
+        """DATA_DIR's ``split``, or ``samples`` given here instead (planned the same way)."""
         self.target, self.layer_ids, self.compile_layers = target, tuple(layer_ids), compile_layers
         self.device, self.dtype = device, dtype
         self.multiple = width_multiple(device) if multiple is None else multiple
-        self.samples, self.batches = planned_split(data_dir, split, token_budget, self.multiple)
+        if samples is None:
+            self.samples, self.batches = planned_split(data_dir, split, token_budget, self.multiple)
+        else:
+            self.samples = sorted(samples, key=lambda s: s.id)
+            self.batches = plan_batches([len(s.input_ids) for s in self.samples], token_budget, self.multiple)
         self.ids = [s.id for s in self.samples]
         self.lengths = [len(s.input_ids) for s in self.samples]  # each sample's tokens, in this order
 

@@ -112,6 +112,10 @@ def _checked(options) -> None:
                                       lambda name: f"--drafter {name}")
     if refusal:
         raise EyasError(refusal)
+    if getattr(options, "predict", ()) and (options.stream or not trains_online(options.online, options.features,
+                                                                              options.data)):
+        raise EyasError("--predict answers bench's prompts with the target and captures their states in this process: "
+                        "it needs --online (--data DATA_DIR without --features, and no --stream)")
     if not options.stream:
         fields = {f.name: f for f in dataclasses.fields(options)}
         given = [field_flag(fields[name]).split("/")[0] for name in STREAM_ONLY

@@ -35,6 +35,7 @@ class TrainingSetup:
     inputs: list
     embed: torch.Tensor | None = None
     family: Family | None = None
+    prediction: Any = None  # with --predict: what the family predicts bench's τ on (eyas.train.prediction.PredictionSet)
 
     def close(self) -> None:
         """Stop what the setup started: a stream's producer (--stream)."""
@@ -61,6 +62,7 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
     from eyas.target.loading import load_target_config
 
     dtype = torch.float32  # master weights and batch states; autocast handles bf16 on GPU
+    prediction = None
     config, target_source = load_target_config(options.target, options.trust_remote_code)
     facts = {**target_facts(options.target, config, target_source), **_weights_identity(options, identity)}
     if options.stream:
@@ -90,6 +92,10 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
         head = target.layout.lm_head.weight.detach()
         embed = target.layout.embed.weight.detach()
         vocab_path = data_dir / VOCAB_FILE
+        if getattr(options, "predict", ()) and _evaluating_rank():
+            from eyas.train.prediction import build_prediction
+
+            prediction = build_prediction(options, target, data_dir, layer_ids, device, dtype)
     else:
         if options.features is None:
             raise EyasError("give --features FEATURES_DIR (offline) or --data DATA_DIR --online")
@@ -112,13 +118,24 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
     family.check_samples(options, max(source.lengths))  # options no sample has a position to learn from, refused
     if holdout is not None and not holdout.batches:
         holdout = None  # an empty holdout evaluates nothing: no evaluation is reported, not a loss of 0
+    if prediction is not None and holdout is None:
+        raise EyasError(f"--predict reports with each holdout evaluation, and {options.data} has no holdout split: "
+                        "prepare DATA_DIR with --holdout, or leave --predict out")
     # The teacher's full-vocabulary logits are the target's own: bf16 on a GPU (a float32 [V, Ht] copy would be 4.7 GB
     # at Kimi-K2.5's widths and run its matmul at the float32 rate, a third of a training step), float32 on the CPU.
     teacher_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shared = dict(source=source, holdout=holdout, head=head.to(device, teacher_dtype),
                   target={**facts, "layer_ids": list(layer_ids)}, inputs=[data_input(options), target_input(facts)])
     built = family.build(BuildInputs(config, tuple(layer_ids), options, head, embed, vocab_path, device, teacher_dtype))
-    return TrainingSetup(**shared, drafter=built.drafter, draft_ids=built.draft_ids, embed=built.embed, family=family)
+    return TrainingSetup(**shared, drafter=built.drafter, draft_ids=built.draft_ids, embed=built.embed, family=family,
+                         prediction=prediction)
+
+
+def _evaluating_rank() -> bool:
+    """Rank 0 (or no process group): where the holdout and bench's predicted τ are evaluated."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 def _weights_identity(options: TrainOptions, identity: dict | None) -> dict:

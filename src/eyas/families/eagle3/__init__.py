@@ -81,8 +81,14 @@ class Eagle3(Family):
     def evaluate(self, setup, options, weights, autocast) -> dict:
         from eyas.families.eagle3.evaluate import evaluate
 
-        return evaluate(setup.drafter, setup.holdout, setup.head, setup.draft_ids, options.ttt_steps, weights,
-                        options.eval_batches, autocast, options.eval_temperatures)
+        result = evaluate(setup.drafter, setup.holdout, setup.head, setup.draft_ids, options.ttt_steps, weights,
+                          options.eval_batches, autocast, options.eval_temperatures)
+        if setup.prediction is not None:  # --predict: the τ eyas bench will measure on its own prompts
+            from eyas.families.eagle3.predict import predict
+
+            result["predicted"] = predict(setup.drafter, setup.prediction, setup.head, setup.draft_ids, autocast)
+            result["predicted_by"] = setup.prediction.decoder
+        return result
 
     def shard(self, drafter) -> None:
         from eyas.families.eagle3.objective import shard

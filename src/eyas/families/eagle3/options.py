@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eyas.options import Options, above, at_least, each, one_of, option, within
+from eyas.data.benchmarks import DATASETS
+from eyas.options import Check, Options, above, at_least, each, one_of, option, within
+from eyas.speculation import chain_depths
 
 
 @dataclass
@@ -23,3 +25,19 @@ class Eagle3Options(Options):
                                                   "from the drafter (eyas generate/bench at --temperature T)",
                                                   check=each(above(0)))
     hidden_size: int | None = option(None, "drafter width (default: the target's)", check=at_least(1))
+    predict: tuple[str, ...] | None = option(None, "online: each evaluation also predicts the τ eyas bench will measure on these "
+                                      "datasets (comma-separated: mt-bench, humaneval, sharegpt-holdout), from the "
+                                      "target's own answers to bench's prompts, decoded once at the start as bench "
+                                      "decodes them", check=each(one_of(*DATASETS)))
+    predict_prompts: int = option(10, "--predict: the first N prompts of each dataset (bench's --prompts N)",
+                                  check=at_least(1))
+    predict_tokens: tuple[int, ...] = option((256, 512), "--predict: answer lengths, comma-separated (bench's "
+                                             "--max-new-tokens)", check=each(at_least(1)))
+    predict_modes: str = option("chain:3,chain:5", "--predict: the chains, comma-separated chain:K (bench's --mode; "
+                                "vLLM's num_speculative_tokens K)", check=Check(chain_depths, "chain:K, comma-separated",
+                                                                                shown=False))
+    predict_temperatures: tuple[float, ...] = option((1.0,), "--predict: sampling temperatures besides T = 0, "
+                                                     "comma-separated: chains whose drafts are drawn from the drafter "
+                                                     "(bench's rule at T > 0)", check=each(above(0)))
+    predict_samples: int = option(4, "--predict: answers drawn per prompt at each sampling temperature (their "
+                                  "expected τ averaged)", check=at_least(1))

@@ -1,0 +1,104 @@
+"""The target's own answers to benchmark prompts, decoded as ``eyas bench`` decodes its plain runs: the paths training
+predicts τ on (:mod:`eyas.train.prediction`).
+
+At T = 0 a speculative chain emits the plain answer token for token (what bench checks), so a drafter's τ on a prompt
+is a function of that one answer: decoded here by the engine's plain decoding, on the same runner variant bench uses
+(CUDA graphs, compiled, lean, in the target's dtype; a cache of the size bench gives the same prompts), it is the
+answer bench's chains will emit. In bf16 another decoder's answer may fork from it at a near-tie and take a different
+τ from there (two variants' τ on 5 prompts differed by 8 %: benchmarks/LOG.md, "The engine issue"), so the variant
+matters. Sampled (T > 0), any answer drawn from the target serves: speculation emits the target's distribution, so
+several answers per prompt (seeds 0 … n−1) estimate what bench's draws average.
+
+Each answer runs past its stop token and past the longest limit by a chain's depth + 1 tokens: the last round of a
+generation judges drafts beyond what it emits (its acceptance counts in τ), and they are judged against these tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from eyas.data.benchmarks import Prompt
+from eyas.data.samples import Sample
+
+
+@dataclass
+class AnsweredPrompt:
+    """One benchmark prompt answered by the target: ``answer`` runs past the limit and past any stop token; bench emits
+    its first ``emitted(limit)`` tokens."""
+
+    dataset: str
+    prompt_id: str
+    temperature: float
+    seed: int
+    prompt: list[int]
+    answer: list[int]
+    stop_at: int | None  # the answer's tokens up to and including its first stop token (None: it has none)
+
+    def emitted(self, limit: int) -> int:
+        """The tokens bench emits with ``--max-new-tokens limit``: up to the first stop token (kept), at most ``limit``."""
+        return min(limit, self.stop_at) if self.stop_at is not None else limit
+
+    @property
+    def key(self) -> str:
+        """A sample id unique within a prediction set (the order samples are sorted in)."""
+        return f"{self.dataset}/{self.prompt_id}/T{self.temperature:g}/{self.seed}"
+
+    def sample(self) -> Sample:
+        """As a training sample: the prompt, then the answer, the answer's tokens loss-masked."""
+        ids = np.asarray(self.prompt + self.answer, dtype=np.int32)
+        mask = np.zeros(len(ids), dtype=np.uint8)
+        mask[len(self.prompt):] = 1
+        return Sample(self.key, ids, mask)
+
+
+def answer_as_bench(target, prompts: Sequence[Prompt], layer_ids: Sequence[int], modes: str, limit: int,
+                    temperatures: Sequence[float], samples: int, progress=None) -> tuple[list[AnsweredPrompt], str]:
+    """``prompts`` answered by a loaded ``target`` (:class:`eyas.target.loading.Target`) as ``eyas bench --mode MODES
+    --max-new-tokens LIMIT`` decodes its plain runs — bench's default variant on the target's device, its cache for
+    these prompts and modes (static-shape attention spans the whole cache: its size is part of the arithmetic), the
+    drafter's taps (``layer_ids``) recorded — each answer ``limit`` + the deepest mode's depth + 1 tokens long
+    (:func:`answer_prompts`) → (the answers, the engine variant that decoded them)."""
+    from eyas.engine.room import checked_capacity
+    from eyas.engine.target_runner import TargetRunner
+    from eyas.speculation import parse_modes
+    from eyas.target.loading import stop_ids
+
+    chosen = parse_modes(modes)
+    longest = max(len(prompt.input_ids) for prompt in prompts)
+    capacity = checked_capacity(target, longest, limit, chosen, len(prompts))
+    on_cuda = target.layout.embed.weight.device.type == "cuda"  # bench's defaults there: graphs, compiled, lean
+    runner = TargetRunner(target.model, target.layout, layer_ids, capacity, graphs=on_cuda, compile=on_cuda, lean=True)
+    try:
+        answered = answer_prompts(runner, prompts, temperatures, samples, limit + max(m.max_depth for m in chosen) + 1,
+                                  set(stop_ids(target.model, target.tokenizer)), progress=progress)
+    finally:
+        runner.close()
+    return answered, runner.variant
+
+
+def answer_prompts(runner, prompts: Sequence[Prompt], temperatures: Sequence[float], samples: int, tokens: int,
+                   stop_ids: set[int], top_p: float = 1.0, progress=None) -> list[AnsweredPrompt]:
+    """Each prompt answered by the engine's plain decoding on ``runner`` (an :class:`eyas.engine.target_runner.TargetRunner`)
+    at every temperature — once at T = 0, ``samples`` times (seeds 0 … samples−1) above — ``tokens`` tokens long,
+    through stop tokens (each answer's first one recorded)."""
+    from eyas.engine.acceptance import Sampling
+    from eyas.engine.decode import generate
+
+    answered = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt.input_ids], dtype=torch.long)
+        for temperature in temperatures:
+            for seed in range(1 if temperature <= 0 else samples):
+                sampling = Sampling(temperature, top_p, seed) if temperature > 0 else Sampling()
+                answer = generate(runner, ids, tokens, sampling=sampling).tokens
+                stop = next((i + 1 for i, token in enumerate(answer) if token in stop_ids), None)
+                answered.append(AnsweredPrompt(prompt.dataset, prompt.id, float(temperature), seed,
+                                               list(prompt.input_ids), answer, stop))
+        if progress is not None:
+            progress(1)
+    return answered
+

@@ -1,0 +1,173 @@
+"""The τ training predicts is the τ eyas bench measures (eyas.train.prediction, eyas.families.eagle3.predict).
+
+The rounds' dynamic programming against the rounds themselves (0/1 chances: the exact count; drawn: a simulation of
+the process it takes expectations of), then the whole prediction — the target's answers decoded by the engine,
+their states captured as training captures them, the drafter's training-time test, the rounds — against the engine's
+own chains on the same prompts: at T = 0 τ equal to the last digit, drawn at T = 1 within the spread of the engine's
+seeds.
+"""
+
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from eyas.data.bench_answers import AnsweredPrompt, answer_as_bench
+from eyas.data.benchmarks import Prompt
+from eyas.engine.decode import generate
+from eyas.engine.target_runner import TargetRunner
+from eyas.families.eagle3.predict import predict
+from eyas.families.eagle3.runner import DraftRunner
+from eyas.speculation import Chain, Sampling
+from eyas.target.layout import discover_layout
+from eyas.train.data import OnlineSource
+from eyas.train.prediction import PredictionSet, expected_rounds, predicted_tau
+from test_engine_greedy import constant_pair, prompt_of
+
+
+def rounds_of(chances: np.ndarray, emitted: int, rng: np.random.Generator) -> tuple[int, int]:
+    """One generation's (rounds, accepted drafts), round by round: each draft kept at its chance, the round's first
+    refusal ending it."""
+    n, rounds, accepted = 1, 0, 0
+    while n < emitted:
+        kept = 0
+        while kept < chances.shape[1] and rng.random() < chances[n, kept]:
+            kept += 1
+        rounds, accepted, n = rounds + 1, accepted + kept, n + kept + 1
+    return rounds, accepted
+
+
+def test_zero_one_chances_give_the_rounds_exactly():
+    rng = np.random.default_rng(0)
+    for emitted in (1, 2, 7, 40):
+        chances = (rng.random((emitted + 8, 4)) < 0.7).astype(float)
+        assert expected_rounds(chances, emitted) == rounds_of(chances, emitted, rng)
+    assert expected_rounds(np.ones((20, 3)), 13) == (3.0, 9.0)  # 1 + 4 + 4 + 4 emitted: the last round counts whole
+
+
+def test_drawn_chances_give_the_expected_rounds():
+    rng = np.random.default_rng(1)
+    chances, emitted = rng.random((60, 5)), 50
+    runs = np.array([rounds_of(chances, emitted, rng) for _ in range(20000)])
+    rounds, accepted = expected_rounds(chances, emitted)
+    assert runs[:, 0].mean() == pytest.approx(rounds, rel=0.01)
+    assert runs[:, 1].mean() == pytest.approx(accepted, rel=0.02)
+
+
+def test_a_dataset_pools_its_answers_rounds_as_bench_pools_prompts():
+    answers = [AnsweredPrompt("d", str(i), 0.0, 0, [1, 2], [5] * 30, None) for i in range(2)]
+    prediction = PredictionSet(answers, None, (2,), (10, 20), 1.0, "eager")
+    chances = {answers[0].key: np.ones((30, 2)), answers[1].key: np.zeros((30, 2))}
+    rows = {row["max_new_tokens"]: row["tau"] for row in predicted_tau(prediction, chances)}
+    # 10 tokens: 3 rounds keeping 2 each (1 + 3 + 3 + 3), and 9 rounds keeping none
+    assert rows[10] == pytest.approx(1 + 6 / 12)
+    assert rows[20] == pytest.approx(1 + 14 / (7 + 19))
+    stopped = AnsweredPrompt("d", "s", 0.0, 0, [1], [5, 5, 2, 5], 3)
+    assert stopped.emitted(10) == 3 and stopped.emitted(2) == 2
+
+
+def _target(model):
+    return SimpleNamespace(model=model, tokenizer=None, layout=discover_layout(model))
+
+
+def _prediction(target, drafter, prompts, temperatures, samples, limit, modes="chain:3,chain:5"):
+    answered, decoder = answer_as_bench(target, prompts, drafter.config.layer_ids, modes, limit, temperatures, samples)
+    source = OnlineSource(target, None, None, drafter.config.layer_ids, 4096, torch.device("cpu"), torch.float32,
+                          samples=[a.sample() for a in answered])
+    prediction = PredictionSet(answered, source, (3, 5), (limit // 2, limit), 1.0, decoder)
+    draft_ids = drafter.to_target_ids(torch.arange(len(drafter.d2t)))
+    return predict(drafter, prediction, target.layout.lm_head.weight, draft_ids, nullcontext)
+
+
+def _measured(target, drafter, prompts, depth, limit, sampling):
+    rounds = accepted = 0
+    for prompt in prompts:
+        capacity = len(prompt.input_ids) + limit + depth + 1
+        runner = TargetRunner(target.model, target.layout, drafter.config.layer_ids, capacity)
+        generation = generate(runner, torch.tensor([prompt.input_ids]), limit, DraftRunner(drafter, capacity + 16),
+                              Chain(depth), sampling)
+        rounds, accepted = rounds + generation.rounds, accepted + sum(generation.accepted)
+    return rounds, accepted
+
+
+def test_greedy_chains_predicted_are_the_engines_chains():
+    """At T = 0 the prediction is the engine's τ itself, chain:3 and chain:5, at both answer lengths."""
+    model, layout, drafter = constant_pair()
+    target = _target(model)
+    prompts = [Prompt("d", str(seed), prompt_of(seed).tolist()[0]) for seed in (11, 12, 13)]
+    rows = _prediction(target, drafter, prompts, (0.0,), 1, 40)
+    assert len(rows) == 4
+    for row in rows:
+        rounds, accepted = _measured(target, drafter, prompts, int(row["mode"][6:]), row["max_new_tokens"], Sampling())
+        assert 1.2 < row["tau"] < 1 + int(row["mode"][6:]) - 0.2  # partial acceptances: a test that can fail
+        assert row["tau"] == pytest.approx(1 + accepted / rounds, abs=1e-9), row
+
+
+def test_drawn_chains_predicted_are_what_the_engines_draws_average():
+    """At T = 1, drafts drawn from the drafter: the τ predicted from 24 answers a prompt is the engine's pooled over 48
+    seeds a prompt, within their sampling noise (each ~1.5 % of τ here: 800 answers a prompt came within 0.4 %)."""
+    model, layout, drafter = constant_pair()
+    target = _target(model)
+    prompts = [Prompt("d", str(seed), prompt_of(seed).tolist()[0]) for seed in (11, 12)]
+    rows = [row for row in _prediction(target, drafter, prompts, (1.0,), 24, 40) if row["temperature"] == 1.0]
+    assert len(rows) == 4 and all(row["answers"] == 48 for row in rows)
+    row = next(row for row in rows if row["mode"] == "chain:3" and row["max_new_tokens"] == 40)
+    rounds = accepted = 0
+    for seed in range(48):
+        r, a = _measured(target, drafter, prompts, 3, 40, Sampling(1.0, 1.0, seed, "probabilistic"))
+        rounds, accepted = rounds + r, accepted + a
+    assert 1.3 < row["tau"] < 2.5
+    assert row["tau"] == pytest.approx(1 + accepted / rounds, abs=0.065)
+
+
+def _with_prompts(data: str) -> str:
+    """``data`` with a holdout whose conversations open with a user's turn (bench's sharegpt-holdout prompts): 8 to
+    16 unmasked tokens, then an answer."""
+    from pathlib import Path
+
+    from eyas.data.samples import Sample, write_samples
+
+    rng = np.random.default_rng(5)
+    samples = []
+    for i in range(6):
+        prompt, answer = int(rng.integers(8, 17)), int(rng.integers(10, 30))
+        ids = rng.integers(3, 250, size=prompt + answer).astype(np.int32)
+        samples.append(Sample(f"holdout-{i}", ids, np.r_[np.zeros(prompt), np.ones(answer)].astype(np.uint8)))
+    write_samples(samples, Path(data) / "holdout.parquet")
+    return data
+
+
+def test_training_predicts_the_tau_bench_measures(tmp_path):
+    """eyas train --predict on a tiny target: its final evaluation's greedy chains are what eyas bench's engine
+    measures with the exported drafter (fp32) on the same prompts, τ for τ; drawn chains are reported beside them."""
+    import zoo
+    from eyas.bench.run import run_bench
+    from eyas.data.benchmarks import load_prompts
+    from eyas.engine.loading import load_engine
+    from eyas.export.stage import export_run
+    from eyas.speculation import parse_modes
+    from eyas.train.options import TrainOptions
+    from eyas.train.trainer import train
+
+    target = zoo.save_tiny_target(tmp_path / "target")
+    data = _with_prompts(zoo.write_data_dir(tmp_path / "data", sizes=(("train", 32), ("holdout", 6)), draft_vocab_size=zoo.VOCAB))
+    report = train(TrainOptions(target=target, out=tmp_path / "run", data=data, online=True, max_steps=40,
+                                checkpoint_every=40, token_budget=256, lr=3e-3, ttt_steps=3, eval_batches=2,
+                                predict=("sharegpt-holdout",), predict_prompts=3, predict_tokens=(12, 24),
+                                predict_modes="chain:2,chain:3", predict_samples=2))
+    rows = report.final_eval["predicted"]
+    assert {(r["mode"], r["temperature"], r["max_new_tokens"]) for r in rows} == {
+        (m, t, n) for m in ("chain:2", "chain:3") for t in (0.0, 1.0) for n in (12, 24)}
+    export_run(tmp_path / "run", tmp_path / "draft", dtype="fp32")
+    engine = load_engine(target, tmp_path / "draft", 160, "cpu", dtype="fp32", modes=parse_modes("chain:2,chain:3"))
+    prompts, _ = load_prompts(["sharegpt-holdout"], None, data, 3, 1024)
+    greedy = [r for r in rows if r["temperature"] == 0.0]
+    assert max(r["tau"] for r in greedy) > 1.2  # the drafter learnt something to predict
+    for tokens in (12, 24):
+        measured = run_bench(engine.target_runner, engine.draft_runner, prompts, parse_modes("chain:2,chain:3"),
+                             [Sampling()], tokens, engine.stop_ids).datasets["sharegpt-holdout"]
+        for result in measured[1:]:
+            row = next(r for r in greedy if r["mode"] == result.mode and r["max_new_tokens"] == tokens)
+            assert row["tau"] == pytest.approx(result.tau, abs=1e-9), (row, result.tau)
