@@ -161,6 +161,10 @@ def test_training_predicts_the_tau_bench_measures(tmp_path):
     assert {(r["mode"], r["temperature"], r["max_new_tokens"]) for r in rows} == {
         (m, t, n) for m in ("chain:2", "chain:3") for t in (0.0, 1.0) for n in (12, 24)}
     export_run(tmp_path / "run", tmp_path / "draft", dtype="fp32")
+    card = (tmp_path / "draft" / "README.md").read_text()
+    chain3 = next(r["tau"] for r in rows if (r["mode"], r["temperature"], r["max_new_tokens"]) == ("chain:3", 1.0, 24))
+    assert "## The τ eyas bench will measure" in card and "| sharegpt-holdout | chain:3 drawn | 1 | 3 |" in card
+    assert f"{chain3:.2f} |" in card
     engine = load_engine(target, tmp_path / "draft", 160, "cpu", dtype="fp32", modes=parse_modes("chain:2,chain:3"))
     prompts, _ = load_prompts(["sharegpt-holdout"], None, data, 3, 1024)
     greedy = [r for r in rows if r["temperature"] == 0.0]
@@ -171,3 +175,20 @@ def test_training_predicts_the_tau_bench_measures(tmp_path):
         for result in measured[1:]:
             row = next(r for r in greedy if r["mode"] == result.mode and r["max_new_tokens"] == tokens)
             assert row["tau"] == pytest.approx(result.tau, abs=1e-9), (row, result.tau)
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--features", "F"], "--predict answers bench's prompts with the target"),
+    (["--data", "D", "--stream"], "it needs --online"),
+    (["--data", "D", "--predict-modes", "tree:10,3,4"], "--predict-modes tree:10,3,4: must be chain:K"),
+    (["--data", "D", "--predict-tokens", "0"], "--predict-tokens"),
+])
+def test_predict_refuses_what_it_cannot_predict_in_one_line(flags, said, tmp_path):
+    from typer.testing import CliRunner
+
+    from eyas.cli import app
+
+    result = CliRunner().invoke(app, ["train", "--target", "demo", "--out", str(tmp_path / "run"),
+                                      "--predict", "mt-bench", *flags])
+    assert result.exit_code != 0
+    assert said in result.output.replace("\n", " ") or said in str(result.exception), result.output

@@ -80,7 +80,12 @@ def _train(options: TrainOptions, console: Console) -> Any:
                       soft_wrap=True)
     elif last:
         console.print(f"holdout: simulated τ {last['tau']:.2f}", soft_wrap=True)
-    elif report.steps:
+    if last and last.get("predicted"):  # --predict
+        from eyas.train.prediction import prediction_table
+
+        console.print("the τ eyas bench will measure (predicted on its own prompts):\n"
+                      + prediction_table(last["predicted"], last.get("predicted_by")), soft_wrap=True, markup=False)
+    elif not last and report.steps:
         console.print("holdout: none, so nothing was evaluated: the training data has no holdout samples (eyas prepare "
                       "--holdout, and with a feature store eyas capture --splits train,holdout)", soft_wrap=True)
     return report

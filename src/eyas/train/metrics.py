@@ -44,6 +44,9 @@ class Metrics:
                 self.board.add_scalar(f"eval/{key}", record["eval"][key], step)
         for temperature, tau in record.get("eval", {}).get("tau_at_temperature", {}).items():
             self.board.add_scalar(f"eval/tau_T{temperature}", tau, step)
+        for row in record.get("eval", {}).get("predicted", []):  # --predict: the τ bench will measure
+            self.board.add_scalar(f"predicted/{row['dataset']}/{row['mode']}_T{row['temperature']:g}_"
+                                  f"{row['max_new_tokens']}", row["tau"], step)
 
     def close(self) -> None:
         self.file.close()

@@ -108,3 +108,21 @@ def predicted_tau(prediction: PredictionSet, chances: dict[str, np.ndarray]) -> 
                              "max_new_tokens": limit, "tau": 1.0 + accepted / rounds if rounds else 1.0,
                              "prompts": len({a.prompt_id for a in answers}), "answers": len(answers)})
     return rows
+
+
+def prediction_table(rows: list[dict], decoder: str | None = None) -> str:
+    """The predicted τ as a Markdown table: a row per dataset, chain and temperature, a column per answer length."""
+    limits = sorted({row["max_new_tokens"] for row in rows})
+    cells: dict[tuple, dict[int, float]] = {}
+    for row in rows:
+        cells.setdefault((row["dataset"], row["mode"], row["temperature"], row["prompts"]), {})[row["max_new_tokens"]] = \
+            row["tau"]
+    head = "| dataset | mode | T | prompts | " + " | ".join(f"τ at {n} tokens" for n in limits) + " |\n"
+    lines = [head, "| --- " * (4 + len(limits)) + "|\n"]
+    for (dataset, mode, temperature, prompts), taus in cells.items():
+        rule = " drawn" if temperature > 0 else ""
+        lines.append(f"| {dataset} | {mode}{rule} | {temperature:g} | {prompts} | "
+                     + " | ".join(f"{taus[n]:.2f}" if n in taus else "—" for n in limits) + " |\n")
+    said = f" (answers decoded by eyas' engine, {decoder})" if decoder else ""
+    return "".join(lines) + f"\nPredicted by `eyas train --predict`{said}: the τ `eyas bench --prompts N --max-new-tokens L " \
+        "--mode chain:K` measures on these prompts.\n"

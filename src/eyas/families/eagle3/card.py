@@ -38,7 +38,7 @@ Trained with eyas (training-time test, {train_options.get('ttt_steps', '?')} ste
 | holdout acceptance (cumulative, per draft position) | {acceptance(final)} (before training: {acceptance(first)}) |
 | simulated τ (greedy chain) | {tau(final, 'tau')} (before training: {tau(first, 'tau')}) |
 | simulated τ over the first 128 tokens of first answers | {tau(final, 'tau_answer_start')} (before: {tau(first, 'tau_answer_start')}) |
-{tau_at_temperatures(first, final)}
+{tau_at_temperatures(first, final)}{predicted(final)}
 ## Serve it
 
 The paths are where `eyas export` found the target and wrote this drafter; change them if either moves.{note}
@@ -66,3 +66,12 @@ def tau_at_temperatures(first: dict, final: dict) -> str:
         was = f" (before: {before[t]:.2f})" if t in before else ""
         rows.append(f"| simulated τ sampling at T = {t} (drafts drawn from the drafter) | {tau:.2f}{was} |\n")
     return "".join(rows)
+
+
+def predicted(final: dict) -> str:
+    """With ``eyas train --predict``: the τ eyas bench will measure, per dataset, chain, temperature and answer length."""
+    if not final.get("predicted"):
+        return ""
+    from eyas.train.prediction import prediction_table
+
+    return "\n## The τ eyas bench will measure\n\n" + prediction_table(final["predicted"], final.get("predicted_by"))
