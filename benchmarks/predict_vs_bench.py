@@ -71,15 +71,16 @@ def measured(target, draft: Path, prompts, args, limit: int) -> dict:
                          lean=True, modes=modes)
     result = run_bench(engine.target_runner, engine.draft_runner, prompts, modes, [Sampling(), Sampling(1.0)], limit,
                        engine.stop_ids)
-    out = {}
+    out, pooled = {}, {}
     for dataset, results in result.datasets.items():
         for r in results:
             if r.mode != "plain":
                 out[(dataset, r.mode.split()[0], r.temperature)] = {"bench": r.tau, "matches_plain": r.matches_plain}
+                pooled[(dataset, r.mode.split()[0])] = (r.rounds, r.accepted)  # T = 1's (after T = 0's): seed 0
     for mode in modes:
         for dataset in dict.fromkeys(p.dataset for p in prompts):
-            rounds = accepted = 0
-            for seed in range(args.seeds):
+            rounds, accepted = pooled[(dataset, mode.label())]
+            for seed in range(1, args.seeds):  # bench's run was seed 0
                 for prompt in (p for p in prompts if p.dataset == dataset):
                     g = generate(engine.target_runner, torch.tensor([prompt.input_ids]), limit, engine.draft_runner,
                                  mode, Sampling(1.0, 1.0, seed, "probabilistic"), engine.stop_ids)
@@ -99,7 +100,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="256,512", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--modes", default="chain:3,chain:5")
     parser.add_argument("--samples", type=int, default=4, help="answers drawn per prompt at T = 1 for the prediction")
-    parser.add_argument("--seeds", type=int, default=4, help="engine seeds per prompt at T = 1, pooled")
+    parser.add_argument("--seeds", type=int, default=4, help="engine seeds per prompt at T = 1, pooled (bench's is seed 0)")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--answers", type=Path, help="keep the target's answers here, and reuse them when it exists")
     parser.add_argument("--measure", default=None, type=lambda s: [int(x) for x in s.split(",")],
