@@ -2,8 +2,8 @@
 
 The prediction is training's (eyas.train.prediction, eyas.families.eagle3.predict: the target answers bench's prompts as
 bench decodes them, the drafter's training-time test gives each draft's chance, the rounds follow); the measurement is
-bench's own loop (eyas.bench.run.run_bench: plain, then each chain, at T = 0 and T = 1 with its seed 0), and at T = 1
-also the engine's drawn chains over --seeds seeds a prompt, pooled (one seed's τ on 10 prompts is itself a draw).
+bench's own loop (eyas.bench.run.run_bench: plain, then each chain) at T = 0, and at T = 1 the engine's drawn chains over
+--seeds seeds a prompt, pooled (bench --samples; one seed's τ on 10 prompts is itself a draw).
 
   python3 benchmarks/predict_vs_bench.py --target ~/stage/smollm2.gguf --draft DRAFT_DIR --data DATA_DIR \
       [--datasets mt-bench,humaneval,sharegpt-holdout] [--prompts 10] [--tokens 256,512] [--modes chain:3,chain:5] \
@@ -42,8 +42,11 @@ def predicted(target, drafter, prompts, args, device) -> tuple[list[dict], str, 
         saved = json.loads(args.answers.read_text())
         answered, decoder = [AnsweredPrompt(**a) for a in saved["answered"]], saved["decoder"]
     else:
-        answered, decoder = answer_as_bench(target, prompts, drafter.config.layer_ids, args.modes, max(args.tokens),
-                                            (0.0, 1.0), args.samples, compile=args.compile)
+        answered = []
+        for limit in args.tokens:  # each length on its own cache, as bench's run of that length
+            more, decoder = answer_as_bench(target, prompts, drafter.config.layer_ids, args.modes, limit, (0.0, 1.0),
+                                            args.samples, compile=args.compile)
+            answered += more
         if args.answers:
             args.answers.write_text(json.dumps({"decoder": decoder, "answered": [asdict(a) for a in answered]}))
     print(f"answered {len(answered)} in {time.perf_counter() - began:.0f} s ({decoder})", flush=True)
@@ -57,8 +60,9 @@ def predicted(target, drafter, prompts, args, device) -> tuple[list[dict], str, 
 
 
 def measured(target, draft: Path, prompts, args, limit: int) -> dict:
-    """bench's loop at ``limit`` tokens (T = 0, and T = 1 seed 0), then the drawn chains over more seeds →
-    {(dataset, mode, T): {"bench": τ, "seeds": pooled τ}}."""
+    """bench's loop at ``limit`` tokens and T = 0 (plain, then each chain); then, at T = 1, the --drawn chains over
+    --seeds seeds a prompt, pooled, by the engine's own generate (what bench --samples runs, less its plain runs) →
+    {(dataset, mode, T): {"bench": τ, "matches_plain": …}}."""
     from eyas.bench.run import run_bench
     from eyas.engine.decode import generate
     from eyas.engine.loading import load_engine
@@ -69,23 +73,18 @@ def measured(target, draft: Path, prompts, args, limit: int) -> dict:
     capacity = checked_capacity(target, max(len(p.input_ids) for p in prompts), limit, modes, len(prompts))
     engine = load_engine(args.target, draft, capacity, args.device, target=target, graphs=True, compile=args.compile,
                          lean=True, modes=modes)
-    result = run_bench(engine.target_runner, engine.draft_runner, prompts, modes, [Sampling(), Sampling(1.0)], limit,
-                       engine.stop_ids)
-    out, pooled = {}, {}
-    for dataset, results in result.datasets.items():
-        for r in results:
-            if r.mode != "plain":
-                out[(dataset, r.mode.split()[0], r.temperature)] = {"bench": r.tau, "matches_plain": r.matches_plain}
-                pooled[(dataset, r.mode.split()[0])] = (r.rounds, r.accepted)  # T = 1's (after T = 0's): seed 0
-    for mode in modes:
+    result = run_bench(engine.target_runner, engine.draft_runner, prompts, modes, [Sampling()], limit, engine.stop_ids)
+    out = {(dataset, r.mode, 0.0): {"bench": r.tau, "matches_plain": r.matches_plain}
+           for dataset, results in result.datasets.items() for r in results if r.mode != "plain"}
+    for mode in parse_modes(args.drawn or args.modes):
         for dataset in dict.fromkeys(p.dataset for p in prompts):
-            rounds, accepted = pooled[(dataset, mode.label())]
-            for seed in range(1, args.seeds):  # bench's run was seed 0
+            rounds = accepted = 0
+            for seed in range(args.seeds):
                 for prompt in (p for p in prompts if p.dataset == dataset):
                     g = generate(engine.target_runner, torch.tensor([prompt.input_ids]), limit, engine.draft_runner,
-                                 mode, Sampling(1.0, 1.0, seed, "probabilistic"), engine.stop_ids)
+                                 mode, Sampling(1.0, 1.0, seed).resolved("chain"), engine.stop_ids)
                     rounds, accepted = rounds + g.rounds, accepted + sum(g.accepted)
-            out[(dataset, mode.label(), 1.0)]["seeds"] = 1 + accepted / max(rounds, 1)
+            out[(dataset, mode.label(), 1.0)] = {"bench": 1 + accepted / max(rounds, 1)}
     engine.target_runner.close()
     return out
 
@@ -100,11 +99,12 @@ def main() -> None:
     parser.add_argument("--tokens", default="256,512", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--modes", default="chain:3,chain:5")
     parser.add_argument("--samples", type=int, default=4, help="answers drawn per prompt at T = 1 for the prediction")
-    parser.add_argument("--seeds", type=int, default=4, help="engine seeds per prompt at T = 1, pooled (bench's is seed 0)")
+    parser.add_argument("--seeds", type=int, default=4, help="bench's --samples: seeds per prompt at T = 1, pooled")
+    parser.add_argument("--drawn", help="the chains measured at T = 1 (default: every --modes)")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--answers", type=Path, help="keep the target's answers here, and reuse them when it exists")
-    parser.add_argument("--measure", default=None, type=lambda s: [int(x) for x in s.split(",")],
-                        help="the answer lengths to measure (default: every --tokens)")
+    parser.add_argument("--measure", default=None, type=lambda s: [int(x) for x in s.split(",") if x],
+                        help="the answer lengths to measure (default: every --tokens; '' none: the answers only)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", help="bf16, fp32 or auto (bench's --dtype)")
     parser.add_argument("--out", type=Path, required=True)
@@ -121,11 +121,15 @@ def main() -> None:
                            dtype=torch.float32)
     rows, decoder, seconds = predicted(target, drafter, prompts, args, device)
     del drafter
+    for row in rows:
+        print(f"predicted {row['dataset']:<17} {row['mode']:<8} T {row['temperature']:g} {row['max_new_tokens']:>4}: "
+              f"{row['tau']:.3f}", flush=True)
     report = {"target": args.target, "draft": str(args.draft), "prompts": args.prompts, "dropped": dropped,
               "answered_by": decoder, "prediction_seconds": round(seconds, 1), "samples": args.samples,
-              "seeds": args.seeds, "rows": [],
+              "seeds": args.seeds, "predicted": rows, "rows": [],
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
-    for limit in args.measure or args.tokens:
+    args.out.write_text(json.dumps(report, indent=1, default=float))
+    for limit in args.tokens if args.measure is None else args.measure:
         began = time.perf_counter()
         measure = measured(target, args.draft, prompts, args, limit)
         print(f"measured at {limit} tokens in {time.perf_counter() - began:.0f} s", flush=True)
@@ -133,12 +137,12 @@ def main() -> None:
             got = measure.get((row["dataset"], row["mode"], row["temperature"]), {})
             report["rows"].append({**row, **got})
         args.out.write_text(json.dumps(report, indent=1, default=float))
-    print(f"{'dataset':<17} {'mode':<8} {'T':>3} {'tokens':>6} {'predicted':>9} {'bench':>7} {'Δ':>7} {'seeds':>7} {'Δ':>7}")
+    print(f"{'dataset':<17} {'mode':<8} {'T':>3} {'tokens':>6} {'predicted':>9} {'bench':>7} {'Δ':>7}")
     for r in report["rows"]:
-        bench, seeds = r.get("bench"), r.get("seeds")
-        diff = lambda m: f"{100 * (r['tau'] / m - 1):+6.1f}%" if m else "      —"  # noqa: E731
+        bench = r.get("bench")
+        diff = f"{100 * (r['tau'] / bench - 1):+6.1f}%" if bench else "      —"
         print(f"{r['dataset']:<17} {r['mode']:<8} {r['temperature']:>3g} {r['max_new_tokens']:>6} {r['tau']:>9.3f} "
-              f"{bench or 0:>7.3f} {diff(bench)} {seeds or 0:>7.3f} {diff(seeds)}")
+              f"{bench or 0:>7.3f} {diff}")
 
 
 if __name__ == "__main__":

@@ -235,3 +235,30 @@ def test_held_out_conversations_without_a_prompt_are_counted_as_dropped(tmp_path
     dropped: dict[str, int] = {}
     prompts = holdout_prompts(data, dropped)
     assert len(prompts) + dropped[NO_PROMPT] == len(samples) and dropped[NO_PROMPT] == opening > 0
+
+
+def test_samples_pool_each_prompts_draws_at_consecutive_seeds_and_count_the_prompt_once():
+    """bench --samples 2 at T = 1: each decoder's τ is its two seeds' rounds pooled, the same as decoding seed 0 and
+    seed 1 one after the other; greedy decoders run once; a prompt is still one prompt."""
+    from eyas.bench.run import run_bench
+    from eyas.data.benchmarks import Prompt
+    from eyas.engine.decode import generate
+    from eyas.engine.target_runner import TargetRunner
+    from eyas.families.eagle3.runner import DraftRunner
+    from eyas.speculation import Chain, Sampling
+    from test_engine_greedy import constant_pair, prompt_of
+
+    model, layout, drafter = constant_pair()
+    prompts = [Prompt("d", str(seed), prompt_of(seed).tolist()[0]) for seed in (1, 2)]
+    target, draft = TargetRunner(model, layout, None, 80), DraftRunner(drafter, 96)
+    result = run_bench(target, draft, prompts, [Chain(3)], [Sampling(), Sampling(1.0, seed=7)], 30, set(), samples=2)
+    rows = {(r.mode, r.temperature): r for r in result.datasets["d"]}
+    assert result.settings["samples"] == 2 and all(r.prompts == 2 for r in rows.values())
+    rounds = accepted = 0
+    for prompt in prompts:
+        for seed in (7, 8):
+            g = generate(target, torch.tensor([prompt.input_ids]), 30, draft, Chain(3), Sampling(1.0, seed=seed))
+            rounds, accepted = rounds + g.rounds, accepted + sum(g.accepted)
+    drawn = rows[("chain:3 drawn", 1.0)]
+    assert (drawn.rounds, drawn.accepted) == (rounds, accepted) and len(drawn.outputs) == 4
+    assert len(rows[("chain:3", 0.0)].outputs) == 2 and rows[("chain:3", 0.0)].matches_plain == 2

@@ -57,15 +57,15 @@ def test_drawn_chances_give_the_expected_rounds():
 
 
 def test_a_dataset_pools_its_answers_rounds_as_bench_pools_prompts():
-    answers = [AnsweredPrompt("d", str(i), 0.0, 0, [1, 2], [5] * 30, None) for i in range(2)]
+    answers = [AnsweredPrompt("d", str(i), 0.0, 0, [1, 2], [5] * 30, None, limit) for limit in (10, 20) for i in range(2)]
     prediction = PredictionSet(answers, None, (2,), (10, 20), 1.0, "eager")
-    chances = {answers[0].key: np.ones((30, 2)), answers[1].key: np.zeros((30, 2))}
-    rows = {row["max_new_tokens"]: row["tau"] for row in predicted_tau(prediction, chances)}
+    chances = {a.key: np.full((30, 2), float(a.prompt_id == "0")) for a in answers}  # prompt 0 always kept, 1 never
+    rows = {row["max_new_tokens"]: row for row in predicted_tau(prediction, chances)}
     # 10 tokens: 3 rounds keeping 2 each (1 + 3 + 3 + 3), and 9 rounds keeping none
-    assert rows[10] == pytest.approx(1 + 6 / 12)
-    assert rows[20] == pytest.approx(1 + 14 / (7 + 19))
-    stopped = AnsweredPrompt("d", "s", 0.0, 0, [1], [5, 5, 2, 5], 3)
-    assert stopped.emitted(10) == 3 and stopped.emitted(2) == 2
+    assert rows[10]["tau"] == pytest.approx(1 + 6 / 12) and rows[10]["answers"] == 2
+    assert rows[20]["tau"] == pytest.approx(1 + 14 / (7 + 19))  # each length from its own answers
+    stopped = AnsweredPrompt("d", "s", 0.0, 0, [1], [5, 5, 2, 5], 3, 10)
+    assert stopped.emitted == 3 and AnsweredPrompt("d", "s", 0.0, 0, [1], [5, 5, 2, 5], 3, 2).emitted == 2
 
 
 def _target(model):
@@ -73,7 +73,10 @@ def _target(model):
 
 
 def _prediction(target, drafter, prompts, temperatures, samples, limit, modes="chain:3,chain:5"):
-    answered, decoder = answer_as_bench(target, prompts, drafter.config.layer_ids, modes, limit, temperatures, samples)
+    answered = []
+    for length in (limit // 2, limit):
+        more, decoder = answer_as_bench(target, prompts, drafter.config.layer_ids, modes, length, temperatures, samples)
+        answered += more
     source = OnlineSource(target, None, None, drafter.config.layer_ids, 4096, torch.device("cpu"), torch.float32,
                           samples=[a.sample() for a in answered])
     prediction = PredictionSet(answered, source, (3, 5), (limit // 2, limit), 1.0, decoder)

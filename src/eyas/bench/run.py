@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -138,13 +138,17 @@ def decoders(modes: list[Speculation], samplings: list[Sampling]) -> list[tuple[
 
 def run_bench(target: TargetRunner, drafter, prompts: list[Prompt], modes: list[Speculation],
               samplings: list[Sampling], max_new_tokens: int, stop_ids: set[int], progress=None,
-              repeats: int = 1) -> BenchResult:
+              repeats: int = 1, samples: int = 1) -> BenchResult:
     """Decode every prompt plainly and in every mode under every rule of ``samplings`` (:func:`decoders`: at each of
-    their temperatures, beside that temperature's plain run; one top-p and seed), ``repeats`` turns each, median time;
-    pool per dataset."""
+    their temperatures, beside that temperature's plain run; one top-p), ``repeats`` turns each, median time; sampled
+    decoders ``samples`` times, at seeds seed … seed + samples − 1; pool per dataset."""
     device = target.device
     chosen = decoders(modes, samplings)
-    plain_at = {rule.temperature: i for i, (_, mode, rule) in enumerate(chosen) if mode is None}
+    # what is decoded for each prompt: every decoder, a sampled one at each of its seeds (pooled into its result)
+    runs = [(i, k, (label, mode, rule if rule.greedy else replace(rule, seed=rule.seed + k)))
+            for i, (label, mode, rule) in enumerate(chosen) for k in range(1 if rule.greedy else samples)]
+    plain_at = {rule.temperature: next(n for n, run in enumerate(runs) if run[0] == i)  # its run: outputs' index
+                for i, (_, mode, rule) in enumerate(chosen) if mode is None}
     datasets: dict[str, list[ModeResult]] = {}
     # warm-up, timed apart: compilation, recordings (each round's, each prompt length bucket's prefill), each prompt
     # length's first drafter commit, allocator and lazy initialisation must not land in a timed prompt
@@ -154,13 +158,15 @@ def run_bench(target: TargetRunner, drafter, prompts: list[Prompt], modes: list[
     try:
         with terminate_as_interrupt():
             for prompt in prompts:
-                outputs, times = _decode_in_turns(target, drafter, prompt, chosen, max_new_tokens, stop_ids, repeats)
+                outputs, times = _decode_in_turns(target, drafter, prompt, [run for _, _, run in runs], max_new_tokens,
+                                                  stop_ids, repeats)
                 # a prompt counts once every decoder has decoded it: one interrupted midway is left out whole
                 results = datasets.setdefault(prompt.dataset, [ModeResult(label, rule.temperature)
                                                                for label, _, rule in chosen])
                 # the last turn's outputs: greedy ones are the same every turn, sampled ones share the seed
-                for (_, mode, rule), result, output, seconds in zip(chosen, results, outputs, times, strict=True):
-                    _add(result, output, statistics.median(seconds))
+                for (index, sample, (_, mode, rule)), output, seconds in zip(runs, outputs, times, strict=True):
+                    result = results[index]
+                    _add(result, output, statistics.median(seconds), another_sample=sample > 0)
                     if mode is not None and rule.greedy:  # greedy: the same answer as plain decoding, token for token
                         plain = outputs[plain_at[rule.temperature]]
                         result.matches_plain = (result.matches_plain or 0) + (output.tokens == plain.tokens)
@@ -180,7 +186,7 @@ def run_bench(target: TargetRunner, drafter, prompts: list[Prompt], modes: list[
     settings = {"modes": [m.label() for m in modes],
                 "temperature": temperatures[0] if len(temperatures) == 1 else temperatures,
                 "top_p": samplings[0].top_p, "max_new_tokens": max_new_tokens, "device": str(device), "repeats": repeats,
-                "decoder": target.variant, "warm_up_seconds": round(warm_seconds, 1)}
+                "decoder": target.variant, "warm_up_seconds": round(warm_seconds, 1), "samples": samples}
     sampled = [s for s in samplings if not s.greedy]
     if sampled:  # which rules the sampled rounds ran
         settings["rules"] = list(dict.fromkeys(f"{s.draft_sampling} drafts, {s.verification} verification"
@@ -207,8 +213,8 @@ def _decode_in_turns(target: TargetRunner, drafter, prompt: Prompt,
     return outputs, times
 
 
-def _add(result: ModeResult, generation: Generation, seconds: float) -> None:
-    result.prompts += 1
+def _add(result: ModeResult, generation: Generation, seconds: float, another_sample: bool = False) -> None:
+    result.prompts += not another_sample  # a prompt's further samples (run_bench's ``samples``) pool into its counts
     result.new_tokens += len(generation.tokens)
     result.seconds += seconds
     result.prompt_rates.append(len(generation.tokens) / seconds if seconds else 0.0)

@@ -69,7 +69,7 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
         with progress_bar("bench", len(chosen), unit="prompt") as bar:
             result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, samplings,
                                options.max_new_tokens, engine.stop_ids, progress=bar if show_progress else None,
-                               repeats=options.repeats)
+                               repeats=options.repeats, samples=options.samples)
         result.settings["dtype"] = str(target.model.dtype).removeprefix("torch.")
     else:
         result = BenchResult(datasets={}, settings={"modes": [m.label() for m in modes], "temperature": options.sampling().temperature,

@@ -2,15 +2,18 @@
 predicts τ on (:mod:`eyas.train.prediction`).
 
 At T = 0 a speculative chain emits the plain answer token for token (what bench checks), so a drafter's τ on a prompt
-is a function of that one answer: decoded here by the engine's plain decoding, on the same runner variant bench uses
-(CUDA graphs, compiled, lean, in the target's dtype; a cache of the size bench gives the same prompts), it is the
-answer bench's chains will emit. In bf16 another decoder's answer may fork from it at a near-tie and take a different
-τ from there (two variants' τ on 5 prompts differed by 8 %: benchmarks/LOG.md, "The engine issue"), so the variant
-matters. Sampled (T > 0), any answer drawn from the target serves: speculation emits the target's distribution, so
-several answers per prompt (seeds 0 … n−1) estimate what bench's draws average.
+is a function of that one answer: decoded here by the engine's plain decoding on the runner bench would use (its
+variant on the device: CUDA graphs, compiled, lean, in the target's dtype; its cache for these prompts, modes and
+--max-new-tokens), it is the answer bench's chains will emit. In bf16 on a GPU another decoder's answer may fork from
+it at a near-tie and take a different τ from there, and so does one over another cache size: attention spans the
+whole static cache, and its kernels round differently over different lengths. On an H100 (2026-12-07) the released
+drafter's HumanEval answers, all ending before 256 tokens, measured τ 1.973 in bench's 512-token run and 2.008 in its
+256-token run (benchmarks/results/2026-12-07_h100_predict-vs-bench). So each answer length is decoded on its own
+runner, as bench's run of that length would. Sampled (T > 0), any answer drawn from the target serves: speculation
+emits the target's distribution, so several answers per prompt (seeds 0 … n−1) estimate what bench's draws average.
 
-Each answer runs past its stop token and past the longest limit by a chain's depth + 1 tokens: the last round of a
-generation judges drafts beyond what it emits (its acceptance counts in τ), and they are judged against these tokens.
+Each answer runs past its stop token and past its limit by a chain's depth + 1 tokens: the last round of a generation
+judges drafts beyond what it emits (its acceptance counts in τ), and they are judged against these tokens.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from eyas.data.samples import Sample
 
 @dataclass
 class AnsweredPrompt:
-    """One benchmark prompt answered by the target: ``answer`` runs past the limit and past any stop token; bench emits
-    its first ``emitted(limit)`` tokens."""
+    """One benchmark prompt answered by the target as bench's run of ``limit`` tokens decodes it: ``answer`` runs past
+    the limit and past any stop token; bench emits its first :attr:`emitted` tokens."""
 
     dataset: str
     prompt_id: str
@@ -37,15 +40,17 @@ class AnsweredPrompt:
     prompt: list[int]
     answer: list[int]
     stop_at: int | None  # the answer's tokens up to and including its first stop token (None: it has none)
+    limit: int  # the --max-new-tokens of the bench run it was decoded as
 
-    def emitted(self, limit: int) -> int:
+    @property
+    def emitted(self) -> int:
         """The tokens bench emits with ``--max-new-tokens limit``: up to the first stop token (kept), at most ``limit``."""
-        return min(limit, self.stop_at) if self.stop_at is not None else limit
+        return min(self.limit, self.stop_at) if self.stop_at is not None else self.limit
 
     @property
     def key(self) -> str:
         """A sample id unique within a prediction set (the order samples are sorted in)."""
-        return f"{self.dataset}/{self.prompt_id}/T{self.temperature:g}/{self.seed}"
+        return f"{self.dataset}/{self.prompt_id}/T{self.temperature:g}/{self.seed}/{self.limit}"
 
     def sample(self) -> Sample:
         """As a training sample: the prompt, then the answer, the answer's tokens loss-masked."""
@@ -76,18 +81,18 @@ def answer_as_bench(target, prompts: Sequence[Prompt], layer_ids: Sequence[int],
     runner = TargetRunner(target.model, target.layout, layer_ids, capacity, graphs=on_cuda, compile=on_cuda and compile,
                           lean=True)
     try:
-        answered = answer_prompts(runner, prompts, temperatures, samples, limit + max(m.max_depth for m in chosen) + 1,
+        answered = answer_prompts(runner, prompts, temperatures, samples, limit, max(m.max_depth for m in chosen) + 1,
                                   set(stop_ids(target.model, target.tokenizer)), progress=progress)
     finally:
         runner.close()
     return answered, runner.variant
 
 
-def answer_prompts(runner, prompts: Sequence[Prompt], temperatures: Sequence[float], samples: int, tokens: int,
-                   stop_ids: set[int], top_p: float = 1.0, progress=None) -> list[AnsweredPrompt]:
+def answer_prompts(runner, prompts: Sequence[Prompt], temperatures: Sequence[float], samples: int, limit: int,
+                   beyond: int, stop_ids: set[int], top_p: float = 1.0, progress=None) -> list[AnsweredPrompt]:
     """Each prompt answered by the engine's plain decoding on ``runner`` (an :class:`eyas.engine.target_runner.TargetRunner`)
-    at every temperature — once at T = 0, ``samples`` times (seeds 0 … samples−1) above — ``tokens`` tokens long,
-    through stop tokens (each answer's first one recorded)."""
+    at every temperature — once at T = 0, ``samples`` times (seeds 0 … samples−1) above — ``limit`` + ``beyond`` tokens
+    long, through stop tokens (each answer's first one recorded)."""
     from eyas.engine.acceptance import Sampling
     from eyas.engine.decode import generate
 
@@ -97,10 +102,10 @@ def answer_prompts(runner, prompts: Sequence[Prompt], temperatures: Sequence[flo
         for temperature in temperatures:
             for seed in range(1 if temperature <= 0 else samples):
                 sampling = Sampling(temperature, top_p, seed) if temperature > 0 else Sampling()
-                answer = generate(runner, ids, tokens, sampling=sampling).tokens
+                answer = generate(runner, ids, limit + beyond, sampling=sampling).tokens
                 stop = next((i + 1 for i, token in enumerate(answer) if token in stop_ids), None)
                 answered.append(AnsweredPrompt(prompt.dataset, prompt.id, float(temperature), seed,
-                                               list(prompt.input_ids), answer, stop))
+                                               list(prompt.input_ids), answer, stop, limit))
         if progress is not None:
             progress(1)
     return answered

@@ -64,13 +64,16 @@ def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence
         raise EyasError(f"--predict {','.join(options.predict)}: no prompt of {MAX_PROMPT_TOKENS} tokens or fewer to "
                         "answer")
     temperatures = tuple(dict.fromkeys((0.0, *options.predict_temperatures)))
-    with progress_bar("answering bench's prompts", len(prompts), unit="prompt") as bar:
-        answered, decoder = answer_as_bench(target, prompts, layer_ids, options.predict_modes, max(options.predict_tokens),
-                                            temperatures, options.predict_samples, progress=bar)
+    limits = tuple(sorted(set(options.predict_tokens)))
+    answered = []
+    with progress_bar("answering bench's prompts", len(prompts) * len(limits), unit="prompt") as bar:
+        for limit in limits:  # each on its own cache, as bench's run of that length (eyas.data.bench_answers)
+            more, decoder = answer_as_bench(target, prompts, layer_ids, options.predict_modes, limit, temperatures,
+                                            options.predict_samples, progress=bar)
+            answered += more
     source = OnlineSource(target, None, None, layer_ids, options.token_budget, device, dtype,
                           compile_layers=options.compile_layers, samples=[a.sample() for a in answered])
-    return PredictionSet(answered, source, chain_depths(options.predict_modes), tuple(sorted(set(options.predict_tokens))),
-                         1.0, decoder)
+    return PredictionSet(answered, source, chain_depths(options.predict_modes), limits, 1.0, decoder)
 
 
 def expected_rounds(chances: np.ndarray, emitted: int) -> tuple[float, float]:
@@ -102,11 +105,12 @@ def predicted_tau(prediction: PredictionSet, chances: dict[str, np.ndarray]) -> 
     for (dataset, temperature), answers in groups.items():
         for depth in prediction.depths:
             for limit in prediction.limits:
-                totals = np.array([expected_rounds(chances[a.key][:, :depth], a.emitted(limit)) for a in answers])
+                mine = [a for a in answers if a.limit == limit]
+                totals = np.array([expected_rounds(chances[a.key][:, :depth], a.emitted) for a in mine])
                 rounds, accepted = totals.sum(0)
                 rows.append({"dataset": dataset, "mode": f"chain:{depth}", "temperature": temperature,
                              "max_new_tokens": limit, "tau": 1.0 + accepted / rounds if rounds else 1.0,
-                             "prompts": len({a.prompt_id for a in answers}), "answers": len(answers)})
+                             "prompts": len({a.prompt_id for a in mine}), "answers": len(mine)})
     return rows
 
 
