@@ -92,7 +92,7 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
         head = target.layout.lm_head.weight.detach()
         embed = target.layout.embed.weight.detach()
         vocab_path = data_dir / VOCAB_FILE
-        if getattr(options, "predict", ()) and _evaluating_rank():
+        if getattr(options, "predict", ()) and _evaluating_rank(options):
             from eyas.train.prediction import build_prediction
 
             prediction = build_prediction(options, target, data_dir, layer_ids, device, dtype)
@@ -131,11 +131,12 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
                          prediction=prediction)
 
 
-def _evaluating_rank() -> bool:
-    """Rank 0 (or no process group): where the holdout and bench's predicted τ are evaluated."""
+def _evaluating_rank(options) -> bool:
+    """Whether this process evaluates (the trainer's rule): rank 0, or every rank of a sharded drafter (--fsdp: its
+    forward needs them all), or no process group."""
     import torch.distributed as dist
 
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    return options.fsdp or not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 def _weights_identity(options: TrainOptions, identity: dict | None) -> dict:
