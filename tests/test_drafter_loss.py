@@ -102,3 +102,45 @@ def test_a_loss_whose_compilation_fails_is_computed_eagerly(monkeypatch, caplog)
     expected, _ = textbook(logits, signal, mask, 0)
     torch.testing.assert_close(result.loss, expected, rtol=1e-5, atol=1e-6)
     assert "could not be compiled" in caplog.text and loss_module._KERNELS.compile_failed
+
+
+def textbook_lk(logits, signal, loss_mask, step, head_logits, draft_ids, objective, decay=1.0):
+    """The LK losses written out in full tensors: α from the target's own distribution over the whole vocabulary, read
+    at the draft tokens, against the drafter's softmax."""
+    shift = 1 + step
+    weight = ((shift_left(loss_mask, shift + 1) > 0) & shift_left(signal.in_draft, shift, fill=False)).float()
+    p = shift_left(torch.softmax(head_logits, -1)[..., draft_ids], shift)
+    alpha = torch.minimum(p, torch.softmax(logits.float(), -1)).sum(-1)
+    count = weight.sum().clamp(min=1.0)
+    if objective == "lk-alpha":
+        return -(torch.log(alpha.clamp(min=1e-30)) * weight).sum() / count
+    kl, _ = textbook(logits, signal, loss_mask, step)
+    mean = (alpha * weight).sum() / count
+    w = torch.exp(-decay * mean.detach())
+    return w * kl + (1 - w) * (1 - mean)
+
+
+@pytest.mark.parametrize("objective", ["lk-alpha", "lk-lambda"])
+@pytest.mark.parametrize("step, chunk_tokens", [(0, 4096), (2, 16), (1, 1)])
+def test_lk_losses_equal_their_textbook_value_and_gradient(objective, step, chunk_tokens):
+    """--objective lk-alpha / lk-lambda (arXiv 2602.23881): α = Σ min(p, q) over the draft vocabulary with p the
+    target's own probabilities (the teacher's times the mass it gives the draft vocabulary); value and gradient equal
+    the written-out expression's, chunked or not."""
+    gen = torch.Generator().manual_seed(7 + step)
+    batch, tokens, width, vocab = 3, 12, 16, 40
+    draft_ids = torch.sort(torch.randperm(vocab, generator=gen)[:25]).values
+    head, final = torch.randn(vocab, width, generator=gen), torch.randn(batch, tokens, width, generator=gen)
+    signal = target_signal(final, head, draft_ids, chunk_tokens=5)
+    loss_mask = (torch.rand(batch, tokens, generator=gen) > 0.3).to(torch.uint8)
+    logits = (2 * torch.randn(batch, tokens, len(draft_ids), generator=gen)).requires_grad_()
+
+    result = step_loss(logits, signal, loss_mask, step, chunk_tokens=chunk_tokens, objective=objective, lk_decay=0.7)
+    result.loss.backward()
+    got_grad, logits.grad = logits.grad, None
+    expected = textbook_lk(logits, signal, loss_mask, step, final @ head.T, draft_ids, objective, decay=0.7)
+    expected.backward()
+    torch.testing.assert_close(result.loss, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_grad, logits.grad, rtol=1e-4, atol=1e-7)
+    assert got_grad.abs().sum() > 0
+    kl = step_loss(logits.detach(), signal, loss_mask, step).loss
+    assert not torch.allclose(kl, result.loss.detach())  # another objective, not the kl under a new name

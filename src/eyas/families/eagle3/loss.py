@@ -28,6 +28,7 @@ class TargetSignal:
     probs: torch.Tensor  # float32 [B, T, Vd]
     argmax: torch.Tensor  # [B, T] draft ids
     in_draft: torch.Tensor  # [B, T] bool: the target's argmax over the full vocabulary is a draft token
+    mass: torch.Tensor  # float32 [B, T]: the target's probability of the draft vocabulary (probs · mass: the target's own)
     # per temperature asked for: the target's sampling distribution softmax(logits / T) over the full vocabulary, read
     # at the draft tokens [B, T, Vd] (what a drawn draft can match; it sums to less than 1 where mass lies outside)
     tempered: dict = field(default_factory=dict)
@@ -41,7 +42,7 @@ def target_signal(final: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: 
     flat = final.reshape(-1, width).to(lm_head_weight.dtype)
     is_draft = torch.zeros(lm_head_weight.shape[0], dtype=torch.bool, device=final.device)
     is_draft[draft_ids] = True
-    probs, argmax, in_draft, tempered = [], [], [], {t: [] for t in temperatures}
+    probs, argmax, in_draft, mass, tempered = [], [], [], [], {t: [] for t in temperatures}
     with torch.no_grad():
         for start in range(0, flat.shape[0], chunk_tokens):
             # Full-vocabulary logits in the model's dtype, one chunk of tokens at a time: their argmax says
@@ -49,6 +50,7 @@ def target_signal(final: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: 
             logits = flat[start:start + chunk_tokens] @ lm_head_weight.T
             draft_logits = logits[:, draft_ids].float()
             probs.append(torch.softmax(draft_logits, dim=-1))
+            mass.append(torch.exp(draft_logits.logsumexp(-1) - logits.float().logsumexp(-1)))
             argmax.append(draft_logits.argmax(-1))
             in_draft.append(is_draft[logits.argmax(-1)])
             for t, parts in tempered.items():
@@ -57,6 +59,7 @@ def target_signal(final: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: 
         probs=torch.cat(probs).view(batch, tokens, -1),
         argmax=torch.cat(argmax).view(batch, tokens),
         in_draft=torch.cat(in_draft).view(batch, tokens),
+        mass=torch.cat(mass).view(batch, tokens),
         tempered={t: torch.cat(parts).view(batch, tokens, -1) for t, parts in tempered.items()},
     )
 
@@ -179,10 +182,49 @@ class _SoftCrossEntropy(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+class _Acceptance(torch.autograd.Function):
+    """α_i = Σ_v min(p_iv, q_iv) per row, chunk by chunk: the chance a draft drawn from the drafter's q = softmax(z_i)
+    is kept against the target's p (its own probabilities of the draft vocabulary: the teacher's, times ``mass``).
+    Backward recomputes q per chunk: ∂α/∂z_j = q_j · ([q_j < p_j] − Σ_{v: q_v < p_v} q_v)."""
+
+    @staticmethod
+    def forward(ctx, logits, target, mass, shift, rows):
+        batch, tokens, _ = logits.shape
+        usable = max(0, tokens - shift)
+        alpha = torch.zeros(batch, tokens, dtype=torch.float32, device=logits.device)
+        for b0 in range(0, batch, rows):
+            chunk = (slice(b0, b0 + rows), slice(0, usable))
+            q = torch.softmax(logits[chunk], dim=-1, dtype=torch.float32)
+            p = target[b0:b0 + rows, shift:] * mass[b0:b0 + rows, shift:, None]
+            alpha[chunk] = torch.minimum(p, q).sum(-1)
+        ctx.save_for_backward(logits, target, mass)
+        ctx.shift, ctx.rows = shift, rows
+        return alpha
+
+    @staticmethod
+    def backward(ctx, grad_alpha):
+        logits, target, mass = ctx.saved_tensors
+        shift, rows = ctx.shift, ctx.rows
+        usable = max(0, logits.shape[1] - shift)
+        grad = torch.zeros_like(logits)
+        for b0 in range(0, logits.shape[0], rows):
+            chunk = (slice(b0, b0 + rows), slice(0, usable))
+            q = torch.softmax(logits[chunk], dim=-1, dtype=torch.float32)
+            below = q < target[b0:b0 + rows, shift:] * mass[b0:b0 + rows, shift:, None]
+            inside = torch.where(below, q, 0.0)
+            grad[chunk] = (inside - q * inside.sum(-1, keepdim=True)).mul_(grad_alpha[chunk][..., None])
+        return grad, None, None, None, None
+
+
 def step_loss(logits: torch.Tensor, signal: TargetSignal, loss_mask: torch.Tensor, step: int,
-              chunk_tokens: int = 4096, compile: bool | None = None) -> StepResult:
+              chunk_tokens: int = 4096, compile: bool | None = None, objective: str = "kl",
+              lk_decay: float = 1.0) -> StepResult:
     """Step ``step``: position i predicts token i+2+step from the target's distribution at i+1+step.
-    ``compile``: fuse the per-chunk arithmetic with torch.compile (None: on CUDA)."""
+    ``compile``: fuse the per-chunk arithmetic with torch.compile (None: on CUDA). ``objective`` (--objective,
+    :data:`eyas.families.eagle3.options.OBJECTIVES`):
+    kl, the soft cross-entropy to the teacher (EAGLE-3's); the LK losses (arXiv 2602.23881) aim at the acceptance α of
+    drafts drawn from the drafter (:class:`_Acceptance`) — lk-alpha −mean log α, lk-lambda w · kl + (1 − w) · (1 −
+    mean α) with w = exp(−``lk_decay`` · mean α) (not differentiated), kl while α is low and α as it rises."""
     shift = 1 + step
     weight = (shift_left(loss_mask, shift + 1) > 0) & shift_left(signal.in_draft, shift, fill=False)
     w = weight.float()
@@ -191,4 +233,13 @@ def step_loss(logits: torch.Tensor, signal: TargetSignal, loss_mask: torch.Tenso
     total, top = _SoftCrossEntropy.apply(logits, signal.probs, w, shift, rows, compile)
     count = w.sum()
     hits = (top == shift_left(signal.argmax, shift)) & weight
-    return StepResult(loss=total / count.clamp(min=1.0), correct=hits.sum(), count=count, hits=hits)
+    loss = total / count.clamp(min=1.0)
+    if objective != "kl":
+        alpha = _Acceptance.apply(logits, signal.probs, signal.mass, shift, rows)
+        if objective == "lk-alpha":
+            loss = -(torch.log(alpha.clamp(min=1e-30)) * w).sum() / count.clamp(min=1.0)
+        else:
+            mean = (alpha * w).sum() / count.clamp(min=1.0)
+            kl_weight = torch.exp(-lk_decay * mean.detach())
+            loss = kl_weight * loss + (1 - kl_weight) * (1 - mean)
+    return StepResult(loss=loss, correct=hits.sum(), count=count, hits=hits)

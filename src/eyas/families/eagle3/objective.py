@@ -21,7 +21,7 @@ def micro_batch(drafter: Eagle3Drafter, batch, head: torch.Tensor, draft_ids: to
     with autocast():
         attention = None if options.attention == "auto" else options.attention
         for k, logits in enumerate(ttt_steps(drafter, batch.aux, batch.input_ids, options.ttt_steps, attention)):
-            result = step_loss(logits, signal, batch.loss_mask, k)
+            result = step_loss(logits, signal, batch.loss_mask, k, objective=options.objective, lk_decay=options.lk_decay)
             total = total + weights[k] * result.loss
             losses[k] += result.loss.detach() / options.grad_accum
             correct[k] += result.correct
