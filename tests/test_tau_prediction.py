@@ -142,9 +142,10 @@ def _with_prompts(data: str) -> str:
     return data
 
 
-def test_training_predicts_the_tau_bench_measures(tmp_path):
+def test_training_predicts_the_tau_bench_measures(tmp_path, monkeypatch):
     """eyas train --predict on a tiny target: its final evaluation's greedy chains are what eyas bench's engine
-    measures with the exported drafter (fp32) on the same prompts, τ for τ; drawn chains are reported beside them."""
+    measures with the exported drafter (fp32) on the same prompts, τ for τ; drawn chains are reported beside them. A
+    second run on the same target reads the answers back from the eyas cache instead of decoding them again."""
     import zoo
     from eyas.bench.run import run_bench
     from eyas.data.benchmarks import load_prompts
@@ -154,13 +155,20 @@ def test_training_predicts_the_tau_bench_measures(tmp_path):
     from eyas.train.options import TrainOptions
     from eyas.train.trainer import train
 
+    import eyas.data.bench_answers as bench_answers
+
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
     target = zoo.save_tiny_target(tmp_path / "target")
     data = _with_prompts(zoo.write_data_dir(tmp_path / "data", sizes=(("train", 32), ("holdout", 6)), draft_vocab_size=zoo.VOCAB))
-    report = train(TrainOptions(target=target, out=tmp_path / "run", data=data, online=True, max_steps=40,
-                                checkpoint_every=40, token_budget=256, lr=3e-3, ttt_steps=3, eval_batches=2,
-                                predict=("sharegpt-holdout",), predict_prompts=3, predict_tokens=(12, 24),
-                                predict_modes="chain:2,chain:3", predict_samples=2))
+    options = dict(target=target, data=data, online=True, checkpoint_every=40, token_budget=256, lr=3e-3, ttt_steps=3,
+                   eval_batches=2, predict=("sharegpt-holdout",), predict_prompts=3, predict_tokens=(12, 24),
+                   predict_modes="chain:2,chain:3", predict_samples=2)
+    report = train(TrainOptions(out=tmp_path / "run", max_steps=40, **options))
     rows = report.final_eval["predicted"]
+    assert len(list((tmp_path / "cache" / "bench-answers").glob("*.json"))) == 2  # one a length
+    monkeypatch.setattr(bench_answers, "answer_as_bench", lambda *a, **k: pytest.fail("decoded again"))
+    again = train(TrainOptions(out=tmp_path / "again", max_steps=1, **options))
+    assert again.initial_eval["predicted"] == report.initial_eval["predicted"]
     assert {(r["mode"], r["temperature"], r["max_new_tokens"]) for r in rows} == {
         (m, t, n) for m in ("chain:2", "chain:3") for t in (0.0, 1.0) for n in (12, 24)}
     export_run(tmp_path / "run", tmp_path / "draft", dtype="fp32")

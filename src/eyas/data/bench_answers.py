@@ -110,3 +110,48 @@ def answer_prompts(runner, prompts: Sequence[Prompt], temperatures: Sequence[flo
             progress(1)
     return answered
 
+
+
+def answers_key(target_identity: dict, prompts: Sequence[Prompt], layer_ids: Sequence[int], modes: str, limit: int,
+                temperatures: Sequence[float], samples: int, compile: bool, device, dtype) -> str | None:
+    """A digest of everything :func:`answer_as_bench`'s answers depend on — the target's weights (their fingerprint:
+    None when unknown, and then nothing is cached), the prompts, the taps, the modes and limit (the cache's size), the
+    temperatures and samples, the decoder (compiled or not, the device's kind, the dtype, torch's version and eyas'
+    engine code) — or None."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    if not all(target_identity.get(key) for key in ("weights_sha256", "weights_sample")):
+        return None
+    engine = Path(__file__).resolve().parents[1] / "engine"
+    code = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(engine.glob("*.py")))).hexdigest()
+    where = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
+    parts = {"target": [target_identity["weights_sha256"], target_identity["weights_sample"]],
+             "prompts": hashlib.sha256(json.dumps([[p.dataset, p.id, p.input_ids] for p in prompts]).encode()).hexdigest(),
+             "layer_ids": list(layer_ids), "modes": modes, "limit": limit, "temperatures": list(temperatures),
+             "samples": samples, "compile": compile, "device": where, "dtype": str(dtype), "torch": torch.__version__,
+             "engine": code}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def cached_answers(key: str | None, answer) -> tuple[list[AnsweredPrompt], str]:
+    """``answer()``'s (answers, variant), kept in the eyas cache under ``key`` (:func:`answers_key`) and read back from
+    there by a later run that would decode the same answers (None: computed, not kept)."""
+    import json
+    from dataclasses import asdict
+
+    from eyas.io import cache_dir, write_json_atomic
+
+    path = cache_dir() / "bench-answers" / f"{key}.json" if key else None
+    if path is not None and path.is_file():
+        try:
+            saved = json.loads(path.read_text())
+            return [AnsweredPrompt(**a) for a in saved["answered"]], saved["decoder"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable or of another layout: decoded again, and written over
+    answered, decoder = answer()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"decoder": decoder, "answered": [asdict(a) for a in answered]})
+    return answered, decoder

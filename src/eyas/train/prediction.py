@@ -48,10 +48,12 @@ class PredictionSet:
         return {answered.key: answered for answered in self.answered}
 
 
-def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence[int], device, dtype) -> PredictionSet:
+def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence[int], device, dtype,
+                     identity: dict | None = None) -> PredictionSet:
     """The target (loaded, online) answers bench's prompts of the ``options.predict`` datasets as bench would decode
-    them (:func:`eyas.data.bench_answers.answer_as_bench`), and a source captures their states."""
-    from eyas.data.bench_answers import answer_as_bench
+    them (:func:`eyas.data.bench_answers.answer_as_bench`) — or a run before this one did, on the same weights
+    (``identity``: their fingerprints) and decoder, and the eyas cache kept them — and a source captures their states."""
+    from eyas.data.bench_answers import answer_as_bench, answers_key, cached_answers
     from eyas.data.benchmarks import load_prompts
     from eyas.errors import EyasError
     from eyas.progress import progress_bar
@@ -68,8 +70,15 @@ def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence
     answered = []
     with progress_bar("answering bench's prompts", len(prompts) * len(limits), unit="prompt") as bar:
         for limit in limits:  # each on its own cache, as bench's run of that length (eyas.data.bench_answers)
-            more, decoder = answer_as_bench(target, prompts, layer_ids, options.predict_modes, limit, temperatures,
-                                            options.predict_samples, progress=bar)
+            on = target.layout.embed.weight
+            key = answers_key(identity or {}, prompts, layer_ids, options.predict_modes, limit, temperatures,
+                              options.predict_samples, on.device.type == "cuda", on.device, on.dtype)
+            decoded = []
+            more, decoder = cached_answers(key, lambda limit=limit: decoded.append(limit) or answer_as_bench(
+                target, prompts, layer_ids, options.predict_modes, limit, temperatures, options.predict_samples,
+                progress=bar))
+            if not decoded:  # read back from the cache
+                bar(len(prompts))
             answered += more
     source = OnlineSource(target, None, None, layer_ids, options.token_budget, device, dtype,
                           compile_layers=options.compile_layers, samples=[a.sample() for a in answered])

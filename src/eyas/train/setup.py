@@ -95,7 +95,7 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
         if getattr(options, "predict", ()) and _evaluating_rank(options):
             from eyas.train.prediction import build_prediction
 
-            prediction = build_prediction(options, target, data_dir, layer_ids, device, dtype)
+            prediction = build_prediction(options, target, data_dir, layer_ids, device, dtype, facts)
     else:
         if options.features is None:
             raise EyasError("give --features FEATURES_DIR (offline) or --data DATA_DIR --online")
