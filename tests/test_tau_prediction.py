@@ -203,3 +203,31 @@ def test_predict_refuses_what_it_cannot_predict_in_one_line(flags, said, tmp_pat
                                       "--predict", "mt-bench", *flags])
     assert result.exit_code != 0
     assert said in result.output.replace("\n", " ") or said in str(result.exception), result.output
+
+
+def test_the_objective_table_names_each_run_by_what_differs_and_lays_out_its_predictions(tmp_path, monkeypatch):
+    """benchmarks/objective_table.py: runs named by the started options that differ (not by their step limits or out
+    directories), one line per dataset, a column per chain, temperature and length."""
+    import json
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import objective_table
+
+    def run(name, objective, tau):
+        directory = tmp_path / name
+        directory.mkdir()
+        options = {"out": str(directory), "max_steps": 10, "objective": objective, "lr": 0.003, "segments": [{"step": 0}]}
+        (directory / "train_options.json").write_text(json.dumps(options))
+        predicted = [{"dataset": d, "mode": "chain:5", "temperature": t, "max_new_tokens": n, "tau": tau + t + n / 1000}
+                     for d in ("mt-bench", "humaneval") for t in (0.0, 1.0) for n in (256, 512)]
+        (directory / "report.json").write_text(json.dumps({"tokens": 1000, "final_eval": {"tau": 3.0,
+                                                                                          "predicted": predicted}}))
+        return directory
+
+    text = objective_table.table([run("a", "kl", 2.0), run("b", "lk-lambda", 2.5)])
+    lines = text.splitlines()
+    assert lines[0].startswith("| run | variant | tokens | holdout τ | dataset | chain:5 T=0 @256 | chain:5 T=0 @512 |")
+    assert "| a | --objective kl | 1,000 | 3.00 | mt-bench | 2.26 | 2.51 | 3.26 | 3.51 |" in lines
+    assert "| b | --objective lk-lambda | 1,000 | 3.00 | humaneval | 2.76 | 3.01 | 3.76 | 4.01 |" in lines
+    assert len(lines) == 2 + 4
