@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 
-from eyas.data.benchmarks import DATASETS
+from eyas.data.benchmarks import DATASETS, MAX_PROMPT_TOKENS
 from eyas.options import (
     HTTP_URL,
     Check,
@@ -53,7 +53,7 @@ class BenchOptions(EngineOptions):
                         flag="--mode",
                         check=Check(parse_modes, "one or more of " + MODE_SPELLING, shown=False))
     prompts: int | None = option(None, "the first N prompts of each dataset (all if not given)", check=at_least(1))
-    max_prompt_tokens: int = option(1024, "longer prompts are skipped and counted", check=at_least(1))
+    max_prompt_tokens: int = option(MAX_PROMPT_TOKENS, "longer prompts are skipped and counted", check=at_least(1))
     repeats: int = option(1, "decode each prompt this many times per decoder, taking turns; each prompt's median time "
                           "counts (steadier speedups on a busy machine)", check=at_least(1))
     samples: int = option(1, "at T > 0, decode each prompt this many times per decoder, at seeds --seed … --seed + N − 1, "

@@ -62,24 +62,27 @@ class AnsweredPrompt:
 
 def answer_as_bench(target, prompts: Sequence[Prompt], layer_ids: Sequence[int], modes: str, limit: int,
                     temperatures: Sequence[float], samples: int, progress=None,
-                    compile: bool = True) -> tuple[list[AnsweredPrompt], str]:
+                    compile: bool | None = None) -> tuple[list[AnsweredPrompt], str]:
     """``prompts`` answered by a loaded ``target`` (:class:`eyas.target.loading.Target`) as ``eyas bench --mode MODES
-    --max-new-tokens LIMIT`` decodes its plain runs — bench's variant on the target's device (on CUDA graphs, lean, and
-    compiled unless ``compile`` is False: bench's --no-compile), its cache for these prompts and modes (static-shape
-    attention spans the whole cache: its size is part of the arithmetic), the drafter's taps (``layer_ids``) recorded
-    — each answer ``limit`` + the deepest mode's depth + 1 tokens long (:func:`answer_prompts`) → (the answers, the
-    engine variant that decoded them)."""
+    --max-new-tokens LIMIT`` decodes its plain runs — bench's variant on the target's device (its --graphs, --lean and
+    --compile defaults, :class:`eyas.options.EngineOptions`; ``compile`` False: bench's --no-compile), its cache for
+    these prompts and modes (static-shape attention spans the whole cache: its size is part of the arithmetic), the
+    drafter's taps (``layer_ids``) recorded — each answer ``limit`` + the deepest mode's depth + 1 tokens long
+    (:func:`answer_prompts`) → (the answers, the engine variant that decoded them)."""
+    from dataclasses import fields
+
     from eyas.engine.room import checked_capacity
     from eyas.engine.target_runner import TargetRunner
+    from eyas.options import EngineOptions
     from eyas.speculation import parse_modes
     from eyas.target.loading import stop_ids
 
     chosen = parse_modes(modes)
     longest = max(len(prompt.input_ids) for prompt in prompts)
     capacity = checked_capacity(target, longest, limit, chosen, len(prompts))
-    on_cuda = target.layout.embed.weight.device.type == "cuda"  # bench's defaults there: graphs, compiled, lean
-    runner = TargetRunner(target.model, target.layout, layer_ids, capacity, graphs=on_cuda, compile=on_cuda and compile,
-                          lean=True)
+    defaults = {f.name: f.default for f in fields(EngineOptions)}  # bench's decoder, as its flags default
+    runner = TargetRunner(target.model, target.layout, layer_ids, capacity, graphs=defaults["graphs"],
+                          compile=defaults["compile"] if compile is None else compile, lean=defaults["lean"])
     try:
         answered = answer_prompts(runner, prompts, temperatures, samples, limit, max(m.max_depth for m in chosen) + 1,
                                   set(stop_ids(target.model, target.tokenizer)), progress=progress)

@@ -20,6 +20,7 @@ from eyas.data.render import chat_ids, chat_template_for
 from eyas.errors import EyasError
 
 DATASETS = ("mt-bench", "humaneval", "sharegpt-holdout")
+MAX_PROMPT_TOKENS = 1024  # bench's --max-prompt-tokens (and --predict's): longer prompts are skipped and counted
 
 
 @dataclass

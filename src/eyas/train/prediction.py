@@ -29,8 +29,6 @@ import numpy as np
 from eyas.data.bench_answers import AnsweredPrompt
 
 
-MAX_PROMPT_TOKENS = 1024  # bench's --max-prompt-tokens default: the prompts it skips, skipped here too
-
 
 @dataclass
 class PredictionSet:
@@ -54,7 +52,7 @@ def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence
     them (:func:`eyas.data.bench_answers.answer_as_bench`) — or a run before this one did, on the same weights
     (``identity``: their fingerprints) and decoder, and the eyas cache kept them — and a source captures their states."""
     from eyas.data.bench_answers import answer_as_bench, answers_key, cached_answers
-    from eyas.data.benchmarks import load_prompts
+    from eyas.data.benchmarks import MAX_PROMPT_TOKENS, load_prompts
     from eyas.errors import EyasError
     from eyas.progress import progress_bar
     from eyas.speculation import chain_depths
@@ -72,7 +70,7 @@ def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence
         for limit in limits:  # each on its own cache, as bench's run of that length (eyas.data.bench_answers)
             on = target.layout.embed.weight
             key = answers_key(identity or {}, prompts, layer_ids, options.predict_modes, limit, temperatures,
-                              options.predict_samples, on.device.type == "cuda", on.device, on.dtype)
+                              options.predict_samples, None, on.device, on.dtype)
             decoded = []
             more, decoder = cached_answers(key, lambda limit=limit: decoded.append(limit) or answer_as_bench(
                 target, prompts, layer_ids, options.predict_modes, limit, temperatures, options.predict_samples,
