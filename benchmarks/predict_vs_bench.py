@@ -26,7 +26,7 @@ import torch
 def predicted(target, drafter, prompts, args, device) -> tuple[list[dict], str, float]:
     """Training's prediction for ``drafter`` (float32 master copy, evaluated under training's autocast) → (rows, the
     variant that answered, seconds)."""
-    from eyas.data.bench_answers import answer_as_bench
+    from eyas.data.bench_answers import answer_as_bench, bench_default
     from eyas.families.eagle3.predict import predict
     from eyas.speculation import chain_depths
     from eyas.train.data import OnlineSource
@@ -52,7 +52,8 @@ def predicted(target, drafter, prompts, args, device) -> tuple[list[dict], str, 
     print(f"answered {len(answered)} in {time.perf_counter() - began:.0f} s ({decoder})", flush=True)
     source = OnlineSource(target, None, None, drafter.config.layer_ids, 32768, device, torch.float32,
                           samples=[a.sample() for a in answered])
-    prediction = PredictionSet(answered, source, chain_depths(args.modes), tuple(args.tokens), 1.0, decoder)
+    prediction = PredictionSet(answered, source, chain_depths(args.modes), tuple(args.tokens), bench_default("top_p"),
+                               decoder)
     draft_ids = drafter.to_target_ids(torch.arange(len(drafter.d2t), device=device))
     head = target.layout.lm_head.weight.detach().to(torch.bfloat16 if device.type == "cuda" else torch.float32)
     rows = predict(drafter, prediction, head, draft_ids, training_autocast(device))
@@ -110,13 +111,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    from eyas.data.benchmarks import load_prompts
+    from eyas.data.benchmarks import MAX_PROMPT_TOKENS, load_prompts
     from eyas.engine.loading import load_target_for
     from eyas.families.eagle3.load import load_drafter
 
     device = torch.device(args.device)
     target = load_target_for(args.draft, args.target, device=args.device, dtype=args.dtype)
-    prompts, dropped = load_prompts(args.datasets.split(","), target.tokenizer, args.data, args.prompts, 1024)
+    prompts, dropped = load_prompts(args.datasets.split(","), target.tokenizer, args.data, args.prompts, MAX_PROMPT_TOKENS)
     drafter = load_drafter(args.draft, target.layout.embed.weight.detach(), target.layout.num_layers, device=device,
                            dtype=torch.float32)
     rows, decoder, seconds = predicted(target, drafter, prompts, args, device)

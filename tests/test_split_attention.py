@@ -110,3 +110,14 @@ def test_the_unroll_keeps_less_for_backward_with_split_than_with_concat():
         kept[attention] = sum(saved.values())
         del logits
     assert kept["split"] < 0.8 * kept["concat"], kept
+
+
+def test_the_memory_estimate_of_a_ttt_unroll_runs_and_grows_with_its_steps():
+    """benchmarks/kimi_estimate.py's count of what a TTT unroll keeps for backward (on the meta device: no memory
+    used): it builds the loss's inputs as the trainer does, so it breaks when they change (it did: TargetSignal.mass)."""
+    from eyas.families.eagle3.memory import ttt_saved_bytes
+    from test_drafter_consistency import tiny_config
+
+    config = tiny_config()
+    two, four = ttt_saved_bytes(config, 2, 64, 2), ttt_saved_bytes(config, 2, 64, 4)
+    assert 0 < two < four

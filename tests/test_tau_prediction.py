@@ -231,3 +231,20 @@ def test_the_objective_table_names_each_run_by_what_differs_and_lays_out_its_pre
     assert "| a | --objective kl | 1,000 | 3.00 | mt-bench | 2.26 | 2.51 | 3.26 | 3.51 |" in lines
     assert "| b | --objective lk-lambda | 1,000 | 3.00 | humaneval | 2.76 | 3.01 | 3.76 | 4.01 |" in lines
     assert len(lines) == 2 + 4
+
+
+def test_predict_without_a_holdout_is_refused_before_anything_is_decoded(tmp_path, monkeypatch):
+    """--predict reports with the holdout's evaluations: a DATA_DIR without a holdout split is refused in one line
+    before a single answer is decoded (on every rank alike)."""
+    import zoo
+    import eyas.data.bench_answers as bench_answers
+    from eyas.errors import EyasError
+    from eyas.train.options import TrainOptions
+    from eyas.train.trainer import train
+
+    monkeypatch.setattr(bench_answers, "answer_as_bench", lambda *a, **k: pytest.fail("decoded"))
+    target = zoo.save_tiny_target(tmp_path / "target")
+    data = zoo.write_data_dir(tmp_path / "data", sizes=(("train", 8),))
+    with pytest.raises(EyasError, match="no holdout split: prepare DATA_DIR with --holdout, or leave --predict out"):
+        train(TrainOptions(target=target, out=tmp_path / "run", data=data, online=True, max_steps=1, token_budget=256,
+                           ttt_steps=2, predict=("sharegpt-holdout",)))

@@ -45,8 +45,8 @@ class ModeResult:
     accepted: int = 0
     accepted_per_position: list[float] = field(default_factory=list)
     matches_plain: int | None = None  # greedy only: outputs equal to the baseline's
-    prompt_rates: list[float] = field(default_factory=list)  # each prompt's tokens/s, in prompt order
-    outputs: list[list[int]] = field(default_factory=list)  # each prompt's answer ids, in prompt order
+    prompt_rates: list[float] = field(default_factory=list)  # each prompt's tokens/s, in prompt order (its first seed's)
+    outputs: list[list[int]] = field(default_factory=list)  # each prompt's answer ids, in prompt order (its first seed's)
 
     @property
     def tokens_per_second(self) -> float:
@@ -214,11 +214,12 @@ def _decode_in_turns(target: TargetRunner, drafter, prompt: Prompt,
 
 
 def _add(result: ModeResult, generation: Generation, seconds: float, another_sample: bool = False) -> None:
-    result.prompts += not another_sample  # a prompt's further samples (run_bench's ``samples``) pool into its counts
     result.new_tokens += len(generation.tokens)
     result.seconds += seconds
-    result.prompt_rates.append(len(generation.tokens) / seconds if seconds else 0.0)
-    result.outputs.append(list(generation.tokens))
+    if not another_sample:  # a prompt's further samples (run_bench's ``samples``) pool into the totals alone
+        result.prompts += 1
+        result.prompt_rates.append(len(generation.tokens) / seconds if seconds else 0.0)
+        result.outputs.append(list(generation.tokens))
     result.rounds += generation.rounds
     result.accepted += sum(generation.accepted)
     depth = generation.max_depth

@@ -69,30 +69,42 @@ def answer_as_bench(target, prompts: Sequence[Prompt], layer_ids: Sequence[int],
     these prompts and modes (static-shape attention spans the whole cache: its size is part of the arithmetic), the
     drafter's taps (``layer_ids``) recorded — each answer ``limit`` + the deepest mode's depth + 1 tokens long
     (:func:`answer_prompts`) → (the answers, the engine variant that decoded them)."""
-    from dataclasses import fields
-
     from eyas.engine.room import checked_capacity
     from eyas.engine.target_runner import TargetRunner
-    from eyas.options import EngineOptions
     from eyas.speculation import parse_modes
     from eyas.target.loading import stop_ids
 
     chosen = parse_modes(modes)
     longest = max(len(prompt.input_ids) for prompt in prompts)
     capacity = checked_capacity(target, longest, limit, chosen, len(prompts))
-    defaults = {f.name: f.default for f in fields(EngineOptions)}  # bench's decoder, as its flags default
-    runner = TargetRunner(target.model, target.layout, layer_ids, capacity, graphs=defaults["graphs"],
-                          compile=defaults["compile"] if compile is None else compile, lean=defaults["lean"])
+    runner = TargetRunner(target.model, target.layout, layer_ids, capacity, **bench_decoder(compile))
     try:
         answered = answer_prompts(runner, prompts, temperatures, samples, limit, max(m.max_depth for m in chosen) + 1,
-                                  set(stop_ids(target.model, target.tokenizer)), progress=progress)
+                                  set(stop_ids(target.model, target.tokenizer)), bench_default("top_p"), progress)
     finally:
         runner.close()
     return answered, runner.variant
 
 
+def bench_default(name: str):
+    """The default of ``eyas bench``'s engine flag ``name`` (:class:`eyas.options.EngineOptions`): what bench decodes
+    with when not told otherwise."""
+    from dataclasses import fields
+
+    from eyas.options import EngineOptions
+
+    return next(f.default for f in fields(EngineOptions) if f.name == name)
+
+
+def bench_decoder(compile: bool | None = None) -> dict:
+    """The runner bench decodes on, as :class:`eyas.engine.target_runner.TargetRunner`'s keywords: its --graphs, --lean
+    and --compile defaults (``compile`` given: bench's --compile / --no-compile)."""
+    return {"graphs": bench_default("graphs"), "lean": bench_default("lean"),
+            "compile": bench_default("compile") if compile is None else compile}
+
+
 def answer_prompts(runner, prompts: Sequence[Prompt], temperatures: Sequence[float], samples: int, limit: int,
-                   beyond: int, stop_ids: set[int], top_p: float = 1.0, progress=None) -> list[AnsweredPrompt]:
+                   beyond: int, stop_ids: set[int], top_p: float, progress=None) -> list[AnsweredPrompt]:
     """Each prompt answered by the engine's plain decoding on ``runner`` (an :class:`eyas.engine.target_runner.TargetRunner`)
     at every temperature — once at T = 0, ``samples`` times (seeds 0 … samples−1) above — ``limit`` + ``beyond`` tokens
     long, through stop tokens (each answer's first one recorded)."""
@@ -115,26 +127,34 @@ def answer_prompts(runner, prompts: Sequence[Prompt], temperatures: Sequence[flo
 
 
 
-def answers_key(target_identity: dict, prompts: Sequence[Prompt], layer_ids: Sequence[int], modes: str, limit: int,
-                temperatures: Sequence[float], samples: int, compile: bool, device, dtype) -> str | None:
-    """A digest of everything :func:`answer_as_bench`'s answers depend on — the target's weights (their fingerprint:
-    None when unknown, and then nothing is cached), the prompts, the taps, the modes and limit (the cache's size), the
-    temperatures and samples, the decoder (compiled or not, the device's kind, the dtype, torch's version and eyas'
-    engine code) — or None."""
+def answers_key(target, identity: dict, prompts: Sequence[Prompt], layer_ids: Sequence[int], modes: str, limit: int,
+                temperatures: Sequence[float], samples: int, compile: bool | None = None) -> str | None:
+    """A digest of everything :func:`answer_as_bench`'s answers depend on — the target's weights (``identity``: their
+    fingerprints; None when unknown, and then nothing is cached) and the ids that stop its turns, the prompts, the taps,
+    the modes and limit (the cache's size), the temperatures and samples, the decoder (bench's variant as
+    :func:`answer_as_bench` resolves it, the device's kind, the dtype, torch's and transformers' versions, and the code
+    that decodes and samples: eyas' engine, :mod:`eyas.sampling`, this module) — or None."""
     import hashlib
     import json
     from pathlib import Path
 
-    if not all(target_identity.get(key) for key in ("weights_sha256", "weights_sample")):
+    import transformers
+
+    from eyas.target.fingerprint import FINGERPRINTS
+    from eyas.target.loading import stop_ids
+
+    if not all(identity.get(key) for key in FINGERPRINTS):
         return None
-    engine = Path(__file__).resolve().parents[1] / "engine"
-    code = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(engine.glob("*.py")))).hexdigest()
-    where = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
-    parts = {"target": [target_identity["weights_sha256"], target_identity["weights_sample"]],
+    package = Path(__file__).resolve().parents[1]
+    code = sorted([*(package / "engine").glob("*.py"), package / "sampling.py", Path(__file__).resolve()])
+    weight = target.layout.embed.weight
+    parts = {"target": [identity[key] for key in FINGERPRINTS], "stops": stop_ids(target.model, target.tokenizer),
              "prompts": hashlib.sha256(json.dumps([[p.dataset, p.id, p.input_ids] for p in prompts]).encode()).hexdigest(),
              "layer_ids": list(layer_ids), "modes": modes, "limit": limit, "temperatures": list(temperatures),
-             "samples": samples, "compile": compile, "device": where, "dtype": str(dtype), "torch": torch.__version__,
-             "engine": code}
+             "samples": samples, "decoder": bench_decoder(compile),
+             "device": torch.cuda.get_device_name(weight.device) if weight.device.type == "cuda" else "cpu",
+             "dtype": str(weight.dtype), "torch": torch.__version__, "transformers": transformers.__version__,
+             "code": hashlib.sha256(b"".join(f.read_bytes() for f in code)).hexdigest()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -51,7 +51,7 @@ def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence
     """The target (loaded, online) answers bench's prompts of the ``options.predict`` datasets as bench would decode
     them (:func:`eyas.data.bench_answers.answer_as_bench`) — or a run before this one did, on the same weights
     (``identity``: their fingerprints) and decoder, and the eyas cache kept them — and a source captures their states."""
-    from eyas.data.bench_answers import answer_as_bench, answers_key, cached_answers
+    from eyas.data.bench_answers import answer_as_bench, answers_key, bench_default, cached_answers
     from eyas.data.benchmarks import MAX_PROMPT_TOKENS, load_prompts
     from eyas.errors import EyasError
     from eyas.progress import progress_bar
@@ -68,9 +68,8 @@ def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence
     answered = []
     with progress_bar("answering bench's prompts", len(prompts) * len(limits), unit="prompt") as bar:
         for limit in limits:  # each on its own cache, as bench's run of that length (eyas.data.bench_answers)
-            on = target.layout.embed.weight
-            key = answers_key(identity or {}, prompts, layer_ids, options.predict_modes, limit, temperatures,
-                              options.predict_samples, None, on.device, on.dtype)
+            key = answers_key(target, identity or {}, prompts, layer_ids, options.predict_modes, limit, temperatures,
+                              options.predict_samples)
             decoded = []
             more, decoder = cached_answers(key, lambda limit=limit: decoded.append(limit) or answer_as_bench(
                 target, prompts, layer_ids, options.predict_modes, limit, temperatures, options.predict_samples,
@@ -80,7 +79,7 @@ def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence
             answered += more
     source = OnlineSource(target, None, None, layer_ids, options.token_budget, device, dtype,
                           compile_layers=options.compile_layers, samples=[a.sample() for a in answered])
-    return PredictionSet(answered, source, chain_depths(options.predict_modes), limits, 1.0, decoder)
+    return PredictionSet(answered, source, chain_depths(options.predict_modes), limits, bench_default("top_p"), decoder)
 
 
 def expected_rounds(chances: np.ndarray, emitted: int) -> tuple[float, float]:

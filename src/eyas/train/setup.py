@@ -92,10 +92,7 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
         head = target.layout.lm_head.weight.detach()
         embed = target.layout.embed.weight.detach()
         vocab_path = data_dir / VOCAB_FILE
-        if getattr(options, "predict", ()) and _evaluating_rank(options):
-            from eyas.train.prediction import build_prediction
-
-            prediction = build_prediction(options, target, data_dir, layer_ids, device, dtype, facts)
+        prediction = _prediction(options, target, holdout, layer_ids, device, dtype, facts)
     else:
         if options.features is None:
             raise EyasError("give --features FEATURES_DIR (offline) or --data DATA_DIR --online")
@@ -118,9 +115,6 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
     family.check_samples(options, max(source.lengths))  # options no sample has a position to learn from, refused
     if holdout is not None and not holdout.batches:
         holdout = None  # an empty holdout evaluates nothing: no evaluation is reported, not a loss of 0
-    if prediction is not None and holdout is None:
-        raise EyasError(f"--predict reports with each holdout evaluation, and {options.data} has no holdout split: "
-                        "prepare DATA_DIR with --holdout, or leave --predict out")
     # The teacher's full-vocabulary logits are the target's own: bf16 on a GPU (a float32 [V, Ht] copy would be 4.7 GB
     # at Kimi-K2.5's widths and run its matmul at the float32 rate, a third of a training step), float32 on the CPU.
     teacher_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -131,12 +125,19 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
                          prediction=prediction)
 
 
-def _evaluating_rank(options) -> bool:
-    """Whether this process evaluates (the trainer's rule): rank 0, or every rank of a sharded drafter (--fsdp: its
-    forward needs them all), or no process group."""
-    import torch.distributed as dist
 
-    return options.fsdp or not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+def _prediction(options, target, holdout, layer_ids, device, dtype, facts: dict):
+    """With --predict (EAGLE-3's option), what the evaluations predict bench's τ on
+    (:func:`eyas.train.prediction.build_prediction`), built on every rank alike: under torchrun the others would wait
+    at the first barrier while rank 0 decoded. A run without a holdout (nothing evaluated) is refused first."""
+    if not getattr(options, "predict", ()):
+        return None
+    from eyas.train.prediction import build_prediction
+
+    if holdout is None or not holdout.batches:
+        raise EyasError(f"--predict reports with each holdout evaluation, and {options.data} has no holdout split: "
+                        "prepare DATA_DIR with --holdout, or leave --predict out")
+    return build_prediction(options, target, Path(options.data), layer_ids, device, dtype, facts)
 
 
 def _weights_identity(options: TrainOptions, identity: dict | None) -> dict:

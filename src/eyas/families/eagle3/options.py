@@ -48,4 +48,4 @@ class Eagle3Options(Options):
                                                      "comma-separated: chains whose drafts are drawn from the drafter "
                                                      "(bench's rule at T > 0)", check=each(above(0)))
     predict_samples: int = option(4, "--predict: answers drawn per prompt at each sampling temperature (their "
-                                  "expected τ averaged)", check=at_least(1))
+                                  "expected rounds pooled, as bench --samples pools its draws)", check=at_least(1))

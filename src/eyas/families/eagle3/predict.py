@@ -75,9 +75,9 @@ def predict(drafter, prediction, head: torch.Tensor, draft_ids: torch.Tensor, au
         for row, i in enumerate(source.batches[b]):
             a = answered[source.samples[i].id]
             # row n: the round that starts after n emitted tokens, at position P + n − 2 (n = 1: the prompt's last);
-            # rounds start until the answer's last depth + 1 tokens, which only their drafts are judged against
+            # rounds start while fewer than the limit are out (the tokens past it are only judged against)
             first = len(a.prompt) - 1
-            rows = chances[a.temperature][row, first : first + len(a.answer) - depth - 1].float().cpu().numpy()
+            rows = chances[a.temperature][row, first : first + a.limit - 1].float().cpu().numpy()
             per_answer[a.key] = np.concatenate([np.zeros((1, depth)), rows])
     drafter.train(was_training)
     return predicted_tau(prediction, per_answer)
