@@ -130,7 +130,7 @@ def test_lk_losses_equal_their_textbook_value_and_gradient(objective, step, chun
     batch, tokens, width, vocab = 3, 12, 16, 40
     draft_ids = torch.sort(torch.randperm(vocab, generator=gen)[:25]).values
     head, final = torch.randn(vocab, width, generator=gen), torch.randn(batch, tokens, width, generator=gen)
-    signal = target_signal(final, head, draft_ids, chunk_tokens=5)
+    signal = target_signal(final, head, draft_ids, chunk_tokens=5, mass=True)
     loss_mask = (torch.rand(batch, tokens, generator=gen) > 0.3).to(torch.uint8)
     logits = (2 * torch.randn(batch, tokens, len(draft_ids), generator=gen)).requires_grad_()
 

@@ -28,21 +28,24 @@ class TargetSignal:
     probs: torch.Tensor  # float32 [B, T, Vd]
     argmax: torch.Tensor  # [B, T] draft ids
     in_draft: torch.Tensor  # [B, T] bool: the target's argmax over the full vocabulary is a draft token
-    mass: torch.Tensor  # float32 [B, T]: the target's probability of the draft vocabulary (probs · mass: the target's own)
+    # float32 [B, T], asked for by the LK objectives: the target's probability of the draft vocabulary (probs · mass: the
+    # target's own probabilities of the draft tokens); None otherwise (it costs a float32 pass over the whole vocabulary)
+    mass: torch.Tensor | None = None
     # per temperature asked for: the target's sampling distribution softmax(logits / T) over the full vocabulary, read
     # at the draft tokens [B, T, Vd] (what a drawn draft can match; it sums to less than 1 where mass lies outside)
     tempered: dict = field(default_factory=dict)
 
 
 def target_signal(final: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor,
-                  chunk_tokens: int = 1024, temperatures: tuple[float, ...] = ()) -> TargetSignal:
+                  chunk_tokens: int = 1024, temperatures: tuple[float, ...] = (), mass: bool = False) -> TargetSignal:
     """Teacher distributions from ``final`` [B, T, Ht] and the target lm_head weight [V, Ht]; with ``temperatures``
-    (evaluation), the target's sampling distribution at each, read at the draft tokens."""
+    (evaluation), the target's sampling distribution at each, read at the draft tokens; with ``mass``, the probability
+    the target gives the draft vocabulary (:attr:`TargetSignal.mass`)."""
     batch, tokens, width = final.shape
     flat = final.reshape(-1, width).to(lm_head_weight.dtype)
     is_draft = torch.zeros(lm_head_weight.shape[0], dtype=torch.bool, device=final.device)
     is_draft[draft_ids] = True
-    probs, argmax, in_draft, mass, tempered = [], [], [], [], {t: [] for t in temperatures}
+    probs, argmax, in_draft, masses, tempered = [], [], [], [], {t: [] for t in temperatures}
     with torch.no_grad():
         for start in range(0, flat.shape[0], chunk_tokens):
             # Full-vocabulary logits in the model's dtype, one chunk of tokens at a time: their argmax says
@@ -50,7 +53,8 @@ def target_signal(final: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: 
             logits = flat[start:start + chunk_tokens] @ lm_head_weight.T
             draft_logits = logits[:, draft_ids].float()
             probs.append(torch.softmax(draft_logits, dim=-1))
-            mass.append(torch.exp(draft_logits.logsumexp(-1) - logits.float().logsumexp(-1)))
+            if mass:
+                masses.append(torch.exp(draft_logits.logsumexp(-1) - logits.float().logsumexp(-1)))
             argmax.append(draft_logits.argmax(-1))
             in_draft.append(is_draft[logits.argmax(-1)])
             for t, parts in tempered.items():
@@ -59,7 +63,7 @@ def target_signal(final: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: 
         probs=torch.cat(probs).view(batch, tokens, -1),
         argmax=torch.cat(argmax).view(batch, tokens),
         in_draft=torch.cat(in_draft).view(batch, tokens),
-        mass=torch.cat(mass).view(batch, tokens),
+        mass=torch.cat(masses).view(batch, tokens) if mass else None,
         tempered={t: torch.cat(parts).view(batch, tokens, -1) for t, parts in tempered.items()},
     )
 
@@ -235,6 +239,8 @@ def step_loss(logits: torch.Tensor, signal: TargetSignal, loss_mask: torch.Tenso
     hits = (top == shift_left(signal.argmax, shift)) & weight
     loss = total / count.clamp(min=1.0)
     if objective != "kl":
+        if signal.mass is None:
+            raise ValueError(f"objective {objective!r} reads the target's mass: build the signal with mass=True")
         alpha = _Acceptance.apply(logits, signal.probs, signal.mass, shift, rows)
         if objective == "lk-alpha":
             loss = -(torch.log(alpha.clamp(min=1e-30)) * w).sum() / count.clamp(min=1.0)

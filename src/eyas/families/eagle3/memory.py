@@ -60,7 +60,7 @@ def ttt_saved_bytes(config: DrafterConfig, rows: int, length: int, steps: int) -
         aux = torch.empty(rows, length, config.aux_width, dtype=torch.bfloat16)
         ids = torch.zeros(rows, length, dtype=torch.long)
         signal = TargetSignal(torch.empty(rows, length, config.draft_vocab_size), torch.zeros(rows, length, dtype=torch.long),
-                              torch.ones(rows, length, dtype=torch.bool), torch.ones(rows, length))
+                              torch.ones(rows, length, dtype=torch.bool))
         mask = torch.ones(rows, length, dtype=torch.uint8)
     def sdpa(q, k, v, attn_mask=None, is_causal=False, **_):
         return _FusedAttention.apply(q, k, v, attn_mask if attn_mask is not None else torch.empty(0, device=q.device))

@@ -16,7 +16,7 @@ def micro_batch(drafter: Eagle3Drafter, batch, head: torch.Tensor, draft_ids: to
     """Forward (the teacher, K TTT steps) and backward of one micro-batch; adds each step's loss, hits and counted
     positions to ``tallies`` (on the device, not read back); returns the batch's real tokens."""
     losses, correct, counted = tallies
-    signal = target_signal(batch.final, head, draft_ids)
+    signal = target_signal(batch.final, head, draft_ids, mass=options.objective != "kl")  # the LK losses read it
     total = 0.0
     with autocast():
         attention = None if options.attention == "auto" else options.attention
