@@ -126,7 +126,6 @@ def answer_prompts(runner, prompts: Sequence[Prompt], temperatures: Sequence[flo
     return answered
 
 
-
 def answers_key(target, identity: dict, prompts: Sequence[Prompt], layer_ids: Sequence[int], modes: str, limit: int,
                 temperatures: Sequence[float], samples: int, compile: bool | None = None) -> str | None:
     """A digest of everything :func:`answer_as_bench`'s answers depend on — the target's weights (``identity``: their
@@ -158,23 +157,34 @@ def answers_key(target, identity: dict, prompts: Sequence[Prompt], layer_ids: Se
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def cached_answers(key: str | None, answer) -> tuple[list[AnsweredPrompt], str]:
-    """``answer()``'s (answers, variant), kept in the eyas cache under ``key`` (:func:`answers_key`) and read back from
-    there by a later run that would decode the same answers (None: computed, not kept)."""
+def _answers_path(key: str):
+    from eyas.io import cache_dir
+
+    return cache_dir() / "bench-answers" / f"{key}.json"
+
+
+def cached_answers(key: str | None) -> tuple[list[AnsweredPrompt], str] | None:
+    """The (answers, variant) an earlier run kept under ``key`` (:func:`answers_key`), or None: no key, none kept, or
+    a file that cannot be read (then decoded again, and written over)."""
     import json
+
+    path = _answers_path(key) if key else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        return [AnsweredPrompt(**a) for a in saved["answered"]], saved["decoder"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep_answers(key: str | None, answered: list[AnsweredPrompt], decoder: str) -> None:
+    """Keep (answers, variant) in the eyas cache under ``key`` for :func:`cached_answers` (nothing without a key)."""
     from dataclasses import asdict
 
-    from eyas.io import cache_dir, write_json_atomic
+    from eyas.io import write_json_atomic
 
-    path = cache_dir() / "bench-answers" / f"{key}.json" if key else None
-    if path is not None and path.is_file():
-        try:
-            saved = json.loads(path.read_text())
-            return [AnsweredPrompt(**a) for a in saved["answered"]], saved["decoder"]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # unreadable or of another layout: decoded again, and written over
-    answered, decoder = answer()
-    if path is not None:
+    if key:
+        path = _answers_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, {"decoder": decoder, "answered": [asdict(a) for a in answered]})
-    return answered, decoder

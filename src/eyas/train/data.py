@@ -182,7 +182,12 @@ def planned_split(data_dir: Path, split: str, token_budget: int, multiple: int) 
     that reads DATA_DIR trains on — online, and both ends of a stream (:mod:`eyas.train.stream`)."""
     from eyas.data.samples import read_samples
 
-    samples = sorted(read_samples(Path(data_dir) / f"{split}.parquet"), key=lambda s: s.id)
+    return planned(read_samples(Path(data_dir) / f"{split}.parquet"), token_budget, multiple)
+
+
+def planned(samples: list, token_budget: int, multiple: int) -> tuple[list, list[tuple[int, ...]]]:
+    """``samples`` in canonical order (by sample id) and their batches (:func:`plan_batches`)."""
+    samples = sorted(samples, key=lambda s: s.id)
     return samples, plan_batches([len(s.input_ids) for s in samples], token_budget, multiple)
 
 
@@ -195,11 +200,8 @@ class OnlineSource:
         self.target, self.layer_ids, self.compile_layers = target, tuple(layer_ids), compile_layers
         self.device, self.dtype = device, dtype
         self.multiple = width_multiple(device) if multiple is None else multiple
-        if samples is None:
-            self.samples, self.batches = planned_split(data_dir, split, token_budget, self.multiple)
-        else:
-            self.samples = sorted(samples, key=lambda s: s.id)
-            self.batches = plan_batches([len(s.input_ids) for s in self.samples], token_budget, self.multiple)
+        self.samples, self.batches = planned_split(data_dir, split, token_budget, self.multiple) if samples is None \
+            else planned(samples, token_budget, self.multiple)
         self.ids = [s.id for s in self.samples]
         self.lengths = [len(s.input_ids) for s in self.samples]  # each sample's tokens, in this order
 

@@ -29,7 +29,6 @@ import numpy as np
 from eyas.data.bench_answers import AnsweredPrompt
 
 
-
 @dataclass
 class PredictionSet:
     """What training predicts on: the answered prompts, a source of their target states (batches of
@@ -51,7 +50,7 @@ def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence
     """The target (loaded, online) answers bench's prompts of the ``options.predict`` datasets as bench would decode
     them (:func:`eyas.data.bench_answers.answer_as_bench`) — or a run before this one did, on the same weights
     (``identity``: their fingerprints) and decoder, and the eyas cache kept them — and a source captures their states."""
-    from eyas.data.bench_answers import answer_as_bench, answers_key, bench_default, cached_answers
+    from eyas.data.bench_answers import answer_as_bench, answers_key, bench_default, cached_answers, keep_answers
     from eyas.data.benchmarks import MAX_PROMPT_TOKENS, load_prompts
     from eyas.errors import EyasError
     from eyas.progress import progress_bar
@@ -70,12 +69,14 @@ def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence
         for limit in limits:  # each on its own cache, as bench's run of that length (eyas.data.bench_answers)
             key = answers_key(target, identity or {}, prompts, layer_ids, options.predict_modes, limit, temperatures,
                               options.predict_samples)
-            decoded = []
-            more, decoder = cached_answers(key, lambda limit=limit: decoded.append(limit) or answer_as_bench(
-                target, prompts, layer_ids, options.predict_modes, limit, temperatures, options.predict_samples,
-                progress=bar))
-            if not decoded:  # read back from the cache
+            kept = cached_answers(key)
+            if kept is None:
+                kept = answer_as_bench(target, prompts, layer_ids, options.predict_modes, limit, temperatures,
+                                       options.predict_samples, progress=bar)
+                keep_answers(key, *kept)
+            else:
                 bar(len(prompts))
+            more, decoder = kept
             answered += more
     source = OnlineSource(target, None, None, layer_ids, options.token_budget, device, dtype,
                           compile_layers=options.compile_layers, samples=[a.sample() for a in answered])
@@ -88,8 +89,8 @@ def expected_rounds(chances: np.ndarray, emitted: int) -> tuple[float, float]:
     kept, drafts 0 … k−1 kept (rows 1 … emitted − 1 are read). The last round's acceptance counts whole, as bench counts
     it, though it may emit past the end."""
     depth = chances.shape[1]
-    rounds = np.zeros(emitted + depth + 2)
-    accepted = np.zeros(emitted + depth + 2)
+    rounds = np.zeros(emitted + 1)  # from n emitted tokens on; 0 once all are out (a round never reaches past that)
+    accepted = np.zeros(emitted + 1)
     reach = np.arange(depth + 1)  # drafts a round may keep
     for n in range(emitted - 1, 0, -1):
         kept = np.concatenate([[1.0], np.cumprod(chances[n])])  # every draft up to k kept

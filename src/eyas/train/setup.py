@@ -125,7 +125,6 @@ def setup_training(options: TrainOptions, device: torch.device, loaded=None, ide
                          prediction=prediction)
 
 
-
 def _prediction(options, target, holdout, layer_ids, device, dtype, facts: dict):
     """With --predict (EAGLE-3's option), what the evaluations predict bench's τ on
     (:func:`eyas.train.prediction.build_prediction`), built on every rank alike: under torchrun the others would wait

@@ -33,10 +33,11 @@ class Eagle3Options(Options):
                                                   "from the drafter (eyas generate/bench at --temperature T)",
                                                   check=each(above(0)))
     hidden_size: int | None = option(None, "drafter width (default: the target's)", check=at_least(1))
-    predict: tuple[str, ...] | None = option(None, "online: each evaluation also predicts the τ eyas bench will measure on these "
-                                      "datasets (comma-separated: mt-bench, humaneval, sharegpt-holdout), from the "
-                                      "target's own answers to bench's prompts, decoded once at the start as bench "
-                                      "decodes them", check=each(one_of(*DATASETS)))
+    predict: tuple[str, ...] | None = option(None, "online: each evaluation also predicts the τ eyas bench will "
+                                             "measure on these datasets (comma-separated: mt-bench, humaneval, "
+                                             "sharegpt-holdout), from the target's own answers to bench's prompts, "
+                                             "decoded once at the start as bench decodes them",
+                                             check=each(one_of(*DATASETS)))
     predict_prompts: int = option(10, "--predict: the first N prompts of each dataset (bench's --prompts N)",
                                   check=at_least(1))
     predict_tokens: tuple[int, ...] = option((256, 512), "--predict: answer lengths, comma-separated (bench's "
