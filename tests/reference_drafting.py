@@ -40,7 +40,7 @@ class DraftCache:
 def prefill(drafter: Eagle3Drafter, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
             cache: DraftCache) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions with real target states: aux [B, n, k·Ht], the token after each [B, n] → (logits, pre-norm)."""
-    prenorm = drafter.layer(drafter.fc(aux), next_tokens, positions, cache.attend)
+    prenorm = drafter.layer(drafter.fuse(aux), next_tokens, positions, cache.attend)
     return drafter.logits(prenorm), prenorm
 
 

@@ -34,8 +34,9 @@ def random_drafter(config, seed=0):
     [tiny_config(), tiny_config(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                   "original_max_position_embeddings": 64}),
-     tiny_config(hidden_size=32, num_attention_heads=2, num_key_value_heads=1)],  # narrower than the target
-    ids=["default-rope", "llama3-rope", "narrower-drafter"],
+     tiny_config(hidden_size=32, num_attention_heads=2, num_key_value_heads=1),  # narrower than the target
+     tiny_config(fc_norm=True, norm_output=True)],  # EAGLE-3.1's norms
+    ids=["default-rope", "llama3-rope", "narrower-drafter", "eagle3.1"],
 )
 @pytest.mark.parametrize("attention", ["scores", "concat", "split"])
 def test_ttt_step_k_equals_chained_drafting(config, attention):
@@ -78,14 +79,15 @@ def test_padding_and_other_rows_do_not_leak_into_a_sequence(attention):
         torch.testing.assert_close(batched[k][1, :usable], alone[k][0, :usable], rtol=1e-5, atol=1e-5)
 
 
-def test_the_engine_drafts_what_training_trains():
+@pytest.mark.parametrize("eagle31", [False, True], ids=["eagle3", "eagle3.1"])
+def test_the_engine_drafts_what_training_trains(eagle31):
     """The engine's drafter — a prompt's states committed eagerly, then each round's accepted states committed
     in a fixed-width pass with only the first ``valid`` counting — drafts the tokens that greedy_chain
-    (pinned to the training-time test above) drafts from the whole prefix."""
+    (pinned to the training-time test above) drafts from the whole prefix; with EAGLE-3.1's norms too."""
     from eyas.families.eagle3.runner import DraftRunner
     from eyas.engine.drafting import draft_chain
 
-    config = tiny_config()
+    config = tiny_config(fc_norm=eagle31, norm_output=eagle31)
     drafter = random_drafter(config)
     runner = DraftRunner(drafter, capacity=64)
     gen = torch.Generator().manual_seed(3)

@@ -140,8 +140,8 @@ def test_what_eyas_cannot_run_is_refused_by_name(original, tmp_path):
     drafter, _ = original
     specforge_sharded(tmp_path / "variant", drafter)
     config = json.loads((tmp_path / "variant" / "config.json").read_text())
-    (tmp_path / "variant" / "config.json").write_text(json.dumps({**config, "norm_output": True}))
-    with pytest.raises(EyasError, match="norm_output"):
+    (tmp_path / "variant" / "config.json").write_text(json.dumps({**config, "norm_before_fc": True}))
+    with pytest.raises(EyasError, match="norm_before_fc"):
         import_draft_dir(tmp_path / "variant", LAYERS)
 
     eagle2 = tmp_path / "eagle2"

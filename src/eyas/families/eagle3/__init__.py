@@ -66,7 +66,8 @@ class Eagle3(Family):
         vocab = load_vocab(inputs.vocab_path)
         draft_ids = vocab.draft_ids.to(inputs.device)
         options = inputs.options
-        config = drafter_config_from_target(inputs.config, inputs.layer_ids, len(vocab.d2t), options.hidden_size)
+        config = drafter_config_from_target(inputs.config, inputs.layer_ids, len(vocab.d2t), options.hidden_size,
+                                            options.fc_norm, options.norm_output)
         drafter = new_drafter(config, vocab.d2t, inputs.head, inputs.embed, draft_ids, options.seed)
         return Built(drafter.to(inputs.device), draft_ids)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from eyas.export.card import acceptance, serve_target, tau
 from eyas.train.options import trains_online
+from eyas.families.eagle3.contract import EAGLE31
 
 
 def model_card(config: dict, train_options: dict, report: dict, target: dict, draft_dir: Path) -> str:
@@ -24,6 +25,8 @@ def model_card(config: dict, train_options: dict, report: dict, target: dict, dr
     draft = str(Path(draft_dir).resolve())
     remote = " --trust-remote-code" if train_options.get("trust_remote_code") else ""
     speculative = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": 5})
+    norms = " with EAGLE-3.1's norms (" + ", ".join(k for k in EAGLE31 if config.get(k)) + ")" \
+        if any(config.get(k) for k in EAGLE31) else ""
     return f"""# {Path(draft_dir).name}: EAGLE-3 drafter for {spec}
 
 Trained with eyas (training-time test, {train_options.get('ttt_steps', '?')} steps).
@@ -33,7 +36,7 @@ Trained with eyas (training-time test, {train_options.get('ttt_steps', '?')} ste
 | target | `{spec}` |
 | training data | `{data}` ({'online' if online else 'offline features'}) |
 | steps / tokens | {report.get('steps', '?')} / {report.get('tokens', '?')} |
-| drafter | 1 Llama layer, hidden {config['hidden_size']}, draft vocabulary {config['draft_vocab_size']} of {config['vocab_size']} |
+| drafter | 1 Llama layer{norms}, hidden {config['hidden_size']}, draft vocabulary {config['draft_vocab_size']} of {config['vocab_size']} |
 | target layers tapped | {ids} (input of those decoder layers) |
 | holdout acceptance (cumulative, per draft position) | {acceptance(final)} (before training: {acceptance(first)}) |
 | simulated τ (greedy chain) | {tau(final, 'tau')} (before training: {tau(first, 'tau')}) |

@@ -27,6 +27,10 @@ class DrafterConfig:
     # speculators-format drafters may add the normed hidden as the residual (vLLM honours it, SGLang
     # does not); eyas trains and exports False, and imports True only to measure such drafters
     norm_before_residual: bool = False
+    # EAGLE-3.1 (vLLM and SGLang read both from config.json): an RMSNorm on each target state before fc, and the
+    # post-norm output (not the pre-norm one) as the next step's hidden; eyas trains either with --fc-norm/--norm-output
+    fc_norm: bool = False
+    norm_output: bool = False
 
     def __post_init__(self):
         self.rope_parameters = drafter_rope(self.rope_parameters)
@@ -75,8 +79,10 @@ def drafter_rope(rope: dict | None, theta: float = 10000.0) -> dict:
     return flat
 
 
-def drafter_config_from_target(target_config, layer_ids, draft_vocab_size: int, hidden_size: int | None = None) -> DrafterConfig:
-    """Attention heads, MLP width, norm epsilon and RoPE (scaling included) follow the target's text config."""
+def drafter_config_from_target(target_config, layer_ids, draft_vocab_size: int, hidden_size: int | None = None,
+                               fc_norm: bool = False, norm_output: bool = False) -> DrafterConfig:
+    """Attention heads, MLP width, norm epsilon and RoPE (scaling included) follow the target's text config;
+    ``fc_norm``, ``norm_output``: EAGLE-3.1's norms (:class:`DrafterConfig`)."""
     from eyas.target.layout import text_config
 
     cfg = text_config(target_config)
@@ -90,7 +96,7 @@ def drafter_config_from_target(target_config, layer_ids, draft_vocab_size: int, 
         head_dim=head_dim, intermediate_size=intermediate if hidden == target_hidden else 4 * hidden,
         rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)), vocab_size=int(cfg.vocab_size),
         draft_vocab_size=int(draft_vocab_size), max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 4096)),
-        rope_parameters=rope, layer_ids=[int(i) for i in layer_ids],
+        rope_parameters=rope, layer_ids=[int(i) for i in layer_ids], fc_norm=fc_norm, norm_output=norm_output,
     )
 
 

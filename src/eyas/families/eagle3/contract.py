@@ -24,6 +24,11 @@ LAYER_TENSORS = (
 )
 
 
+# EAGLE-3.1's config switches, as vLLM (llama_eagle3.py) and SGLang read them from config.json's top level:
+# fc_norm = an RMSNorm on each target state before fc (tensors fc_norm.{i}.weight), norm_output = the post-norm
+# output is the next step's hidden (eyas.families.eagle3.model)
+EAGLE31 = ("fc_norm", "norm_output")
+
 SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
 OPTIONAL_SIZES = ("draft_vocab_size", "target_hidden_size", "head_dim", "num_aux_hidden_states")
 
@@ -80,6 +85,8 @@ def expected_shapes(config: dict) -> dict[str, list[int]]:
         shapes["d2t"] = [draft_vocab]
     if hidden != target_hidden:
         shapes["embed_tokens.weight"] = [vocab, hidden]
+    if config.get("fc_norm"):  # EAGLE-3.1: an RMSNorm on each target state before fc
+        shapes.update({f"fc_norm.{i}.weight": [target_hidden] for i in range(aux)})
     return shapes
 
 

@@ -12,7 +12,7 @@ import torch
 
 from eyas.families.eagle3.config import DrafterConfig
 from eyas.errors import EyasError
-from eyas.families.eagle3.contract import ARCHITECTURE, expected_shapes
+from eyas.families.eagle3.contract import ARCHITECTURE, EAGLE31, expected_shapes
 from eyas.export.files import TORCH_DTYPES, torch_dtype_name
 from eyas.target.layer_ids import is_default_layer_ids, sglang_spelling
 
@@ -47,6 +47,9 @@ def draft_config(config: DrafterConfig, target_model_type: str, target_layers: i
         out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     if config.target_hidden_size != config.hidden_size:
         out["target_hidden_size"] = config.target_hidden_size
+    for variant in EAGLE31:  # written only when set: a plain EAGLE-3 config stays what older engines read
+        if getattr(config, variant):
+            out[variant] = True
     ids = tuple(config.layer_ids)
     if not is_default_layer_ids(ids, target_layers):  # a target under 6 layers has none: its ids are always written out
         out["eagle_aux_hidden_state_layer_ids"] = list(ids)  # vLLM: as-is

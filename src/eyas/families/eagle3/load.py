@@ -9,7 +9,7 @@ import torch
 from eyas.families.eagle3.config import DrafterConfig, drafter_rope
 from eyas.errors import EyasError
 from eyas.export.fit import layer_ids_of
-from eyas.families.eagle3.contract import flat_config
+from eyas.families.eagle3.contract import EAGLE31, flat_config
 from eyas.export.files import read_tensors
 from eyas.export.files import read_draft_config
 from eyas.target.layer_ids import resolve_layer_ids
@@ -18,8 +18,6 @@ from eyas.target.layer_ids import resolve_layer_ids
 # a different network than the engines run, so they are refused by name.
 _UNSUPPORTED = {
     "norm_before_fc": "an RMSNorm over the concatenated target states before fc",
-    "fc_norm": "a per-state RMSNorm before fc",
-    "norm_output": "feeding the post-norm hidden to the next drafting step",
 }
 
 
@@ -39,6 +37,11 @@ def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple
     for key, what in _UNSUPPORTED.items():
         if config.get(key) or (config.get("eagle_config") or {}).get(key):
             raise EyasError(f"{directory} sets {key} ({what}); eyas' drafter does not implement that variant")
+    for key in EAGLE31:  # the engines read these at the top level only
+        nested = (config.get("eagle_config") or {}).get(key)
+        if nested is not None and bool(nested) != bool(config.get(key)):
+            raise EyasError(f"{directory}: eagle_config.{key} is {nested} but the top-level {key} is "
+                            f"{config.get(key)}; vLLM and SGLang read the top level: set it there")
     if int(config.get("num_hidden_layers", 1)) != 1:
         raise EyasError(f"{directory} has {config['num_hidden_layers']} drafter layers; eyas runs single-layer EAGLE-3 drafters")
     tensors = read_tensors(directory)
@@ -65,6 +68,7 @@ def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple
         rope_parameters=rope, layer_ids=[int(i) for i in ids], hidden_act=config.get("hidden_act", "silu"),
         # the speculators format defaults it to true (vLLM's reader); HF-style configs to false
         norm_before_residual=bool(raw.get("norm_before_residual", "speculators_model_type" in raw)),
+        **{key: bool(config.get(key)) for key in EAGLE31},
     )
     return drafter, tensors
 

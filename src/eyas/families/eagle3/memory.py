@@ -79,6 +79,7 @@ def parameter_counts(config: DrafterConfig) -> tuple[int, int]:
     kv_width = config.num_key_value_heads * config.head_dim
     layer = 2 * hidden * (q_width + 2 * kv_width) + q_width * hidden + 3 * hidden * config.intermediate_size + 3 * hidden
     trained = config.aux_width * hidden + layer + hidden + hidden * config.draft_vocab_size  # fc, layer, norm, lm_head
+    trained += config.aux_width if config.fc_norm else 0  # EAGLE-3.1's norm on each target state
     embedding = config.vocab_size * hidden
     owns = hidden != config.target_hidden_size
     return trained + (embedding if owns else 0), 0 if owns else embedding

@@ -7,6 +7,11 @@
 The layer's pre-norm output is the next step's hidden. The token embedding is the target's, frozen
 (the drafter only owns one when its width differs from the target's).
 
+EAGLE-3.1 (config ``fc_norm``, ``norm_output``; vLLM's and SGLang's names and arithmetic) adds an RMSNorm on each
+target state before fc (``fc_norm.{i}``, Ht wide) and passes the post-norm output on instead of the pre-norm one. The
+state a drafting step hands on is :meth:`Eagle3Drafter.layer`'s result either way; :meth:`Eagle3Drafter.head_input`
+turns it into what ``lm_head`` reads.
+
 Attention itself is passed in as a function, because training (training-time test) and drafting
 (a KV cache) see different keys; everything else is shared, so the two cannot drift apart.
 """
@@ -98,6 +103,9 @@ class Eagle3Drafter(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.fc = nn.Linear(config.aux_width, config.hidden_size, bias=False)
+        if config.fc_norm:  # EAGLE-3.1: one norm per target state
+            self.fc_norm = nn.ModuleList(LlamaRMSNorm(config.target_hidden_size, eps=config.rms_norm_eps)
+                                         for _ in config.layer_ids)
         self.midlayer = DrafterLayer(config)
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
@@ -121,13 +129,23 @@ class Eagle3Drafter(nn.Module):
         with torch.no_grad():
             self.embed_tokens.weight.copy_(weight.to(self.embed_tokens.weight.dtype))
 
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The first step's hidden from the target states [..., k·Ht] (concat low → high): fc, after each state's own
+        norm under EAGLE-3.1's ``fc_norm``."""
+        if self.config.fc_norm:
+            aux = torch.cat([norm(state) for norm, state in zip(self.fc_norm, aux.chunk(len(self.fc_norm), -1),
+                                                                strict=True)], dim=-1)
+        return self.fc(aux)
+
     def layer(self, hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
               fused: FusedProjections | None = None) -> torch.Tensor:
-        """One pass of the layer: returns the pre-norm output (the next step's hidden). ``fused``
-        (:meth:`fused_projections`, decoding): the same arithmetic with two matmuls fewer."""
+        """One pass of the layer: returns the next step's hidden (the pre-norm output; the post-norm one under
+        EAGLE-3.1's ``norm_output``). ``fused`` (:meth:`fused_projections`, decoding): the same arithmetic with two
+        matmuls fewer."""
         embeds = self.embed_tokens(token_ids).to(hidden.dtype)
         cos, sin = self.rotary(hidden, positions)
-        return self.midlayer(embeds, hidden, cos, sin, attend, fused)
+        out = self.midlayer(embeds, hidden, cos, sin, attend, fused)
+        return self.norm(out) if self.config.norm_output else out
 
     def fused_projections(self) -> FusedProjections | None:
         """For decoding: copies of q/k/v's weights concatenated and of gate/up's (a snapshot of the current
@@ -140,9 +158,14 @@ class Eagle3Drafter(nn.Module):
             return FusedProjections(qkv=torch.cat([m.weight for m in linears[:3]]),
                                     gate_up=torch.cat([m.weight for m in linears[3:]]))
 
-    def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits of a pre-norm output."""
-        return self.lm_head(self.norm(prenorm))
+    def head_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What ``lm_head`` reads from a step's hidden (:meth:`layer`): its norm, or itself when it is already normed
+        (``norm_output``)."""
+        return hidden if self.config.norm_output else self.norm(hidden)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of a step's hidden (:meth:`layer`)."""
+        return self.lm_head(self.head_input(hidden))
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map draft-vocabulary ids to target ids: id + d2t[id]."""

@@ -46,5 +46,6 @@ def shard(drafter: Eagle3Drafter) -> None:
     """FSDP2 over ranks, one unit per module the TTT forward calls (it calls them directly, not the root)."""
     from torch.distributed.fsdp import fully_shard
 
-    for module in (drafter.embed_tokens, drafter.fc, drafter.midlayer, drafter.norm, drafter.lm_head):
+    for module in (drafter.embed_tokens, drafter.fc, drafter.midlayer, drafter.norm, drafter.lm_head,
+                   *([drafter.fc_norm] if drafter.config.fc_norm else [])):
         fully_shard(module)

@@ -33,6 +33,10 @@ class Eagle3Options(Options):
                                                   "from the drafter (eyas generate/bench at --temperature T)",
                                                   check=each(above(0)))
     hidden_size: int | None = option(None, "drafter width (default: the target's)", check=at_least(1))
+    fc_norm: bool = option(False, "EAGLE-3.1: an RMSNorm on each target state before fc (config fc_norm; vLLM 0.32 and "
+                           "SGLang 0.5.23 run it)", flag="--fc-norm/--no-fc-norm")
+    norm_output: bool = option(False, "EAGLE-3.1: the layer's post-norm output is the next step's hidden instead of "
+                               "the pre-norm one (config norm_output)", flag="--norm-output/--no-norm-output")
     predict: tuple[str, ...] | None = option(None, "online: each evaluation also predicts the τ eyas bench will "
                                              "measure on these datasets (comma-separated: mt-bench, humaneval, "
                                              "sharegpt-holdout), from the target's own answers to bench's prompts, "

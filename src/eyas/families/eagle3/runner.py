@@ -4,7 +4,8 @@ Positions whose target states are known (the prompt, then each round's accepted 
 *committed*: they stay. A round's drafting passes write *speculative* entries after them, which the
 next round's commit overwrites. The layer itself is :meth:`Eagle3Drafter.layer`, the same code training
 runs (only attention differs); a drafting step chains as the training-time test does: hidden = the
-previous pre-norm output, token = the previous draft mapped to a target id, position + 1.
+previous step's (its pre-norm output; the post-norm one under EAGLE-3.1's norm_output), token = the previous draft
+mapped to a target id, position + 1. "pre-norm" below names that hidden.
 
 A round's passes (:meth:`commit`, :meth:`speculate`) take every number — the committed length, how many
 states count — as device tensors and attend over the whole cache, the mask built on the device: the
@@ -91,15 +92,15 @@ class DraftRunner:
         return self._compute(hidden, token_ids, positions, top_k, False, self._attend_static)
 
     def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
-        """The drafter's logits over its vocabulary [n, Vd] after pre-norm states [1, n, H]."""
-        return self._head(self.drafter.norm(prenorm))[0]
+        """The drafter's logits over its vocabulary [n, Vd] after step hiddens [1, n, H] (:meth:`Eagle3Drafter.layer`)."""
+        return self._head(self.drafter.head_input(prenorm))[0]
 
     def vocabulary(self) -> torch.Tensor:
         """The target id of each draft-vocabulary entry [Vd]."""
         return self.drafter.to_target_ids(torch.arange(len(self.drafter.d2t), device=self.drafter.d2t.device))
 
     def _compute(self, x, token_ids, positions, top_k: int, from_target: bool, attend):
-        hidden = self.drafter.fc(x.to(self.dtype)) if from_target else x
+        hidden = self.drafter.fuse(x.to(self.dtype)) if from_target else x
         prenorm = self.drafter.layer(hidden, token_ids, positions, attend, self._fused)
         if not top_k:
             return prenorm, None, None

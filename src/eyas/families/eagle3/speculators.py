@@ -6,7 +6,8 @@ from __future__ import annotations
 def speculators_config(config: dict, target: str, speculative_tokens: int = 3) -> dict:
     """The same drafter in vLLM's speculators format (``vllm serve DRAFT_DIR`` finds the target itself)."""
     layer = {k: v for k, v in config.items() if k not in ("eagle_config", "draft_vocab_size", "target_hidden_size",
-                                                          "eagle_aux_hidden_state_layer_ids", "num_aux_hidden_states")}
+                                                          "eagle_aux_hidden_state_layer_ids", "num_aux_hidden_states",
+                                                          "fc_norm", "norm_output")}
     layer["architectures"] = ["LlamaForCausalLM"]
     out = {
         "speculators_model_type": "eagle3",
@@ -16,8 +17,8 @@ def speculators_config(config: dict, target: str, speculative_tokens: int = 3) -
         # vLLM's speculators reader defaults this to true; eyas' drafter adds the un-normed hidden (false).
         "norm_before_residual": False,
         "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
+        "fc_norm": bool(config.get("fc_norm")),  # EAGLE-3.1 (contract.EAGLE31)
+        "norm_output": bool(config.get("norm_output")),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],

@@ -96,7 +96,7 @@ def ttt_steps(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor
     real: list[torch.Tensor] = []  # step 0's keys and values
     own_k: list[torch.Tensor] = []
     own_v: list[torch.Tensor] = []
-    hidden = drafter.fc(aux)
+    hidden = drafter.fuse(aux)
     for k in range(steps):
         if fused and k > 0:
             fused_mask = torch.cat([fused_mask, own], dim=-1)
