@@ -144,3 +144,43 @@ def test_lk_losses_equal_their_textbook_value_and_gradient(objective, step, chun
     assert got_grad.abs().sum() > 0
     kl = step_loss(logits.detach(), signal, loss_mask, step).loss
     assert not torch.allclose(kl, result.loss.detach())  # another objective, not the kl under a new name
+
+
+@pytest.mark.parametrize("step, chunk_tokens, top_k", [(0, 4096, 3), (2, 16, 1), (1, 1, 25)])
+def test_hass_loss_equals_its_textbook_value_and_gradient(step, chunk_tokens, top_k):
+    """--objective hass (HASS, ICLR 2025): the kl plus w · the cross-entropy over the target's own top-K draft tokens,
+    −Σ_{v ∈ top-K(p)} p_v log q_v; computed as one soft cross-entropy to a reweighted teacher (loss.harmonized), its
+    value and gradient equal the written-out sum's, chunked or not; K as large as the draft vocabulary is (1 + w) · kl."""
+    gen = torch.Generator().manual_seed(11 + step)
+    batch, tokens, width, vocab = 3, 12, 16, 40
+    draft_ids = torch.sort(torch.randperm(vocab, generator=gen)[:25]).values
+    head, final = torch.randn(vocab, width, generator=gen), torch.randn(batch, tokens, width, generator=gen)
+    signal = target_signal(final, head, draft_ids, chunk_tokens=5)
+    loss_mask = (torch.rand(batch, tokens, generator=gen) > 0.3).to(torch.uint8)
+    logits = (2 * torch.randn(batch, tokens, len(draft_ids), generator=gen)).requires_grad_()
+
+    kl, _ = textbook(logits, signal, loss_mask, step)
+    shift = 1 + step
+    weight = ((shift_left(loss_mask, shift + 1) > 0) & shift_left(signal.in_draft, shift, fill=False)).float()
+    p = shift_left(signal.probs, shift)
+    top = torch.zeros_like(p).scatter_(-1, p.topk(top_k, dim=-1).indices, 1.0)
+    extra = -(top * p * F.log_softmax(logits.float(), -1)).sum(-1)
+    expected = kl + 0.5 * (extra * weight).sum() / weight.sum().clamp(min=1.0)
+    expected.backward()
+    want_grad, logits.grad = logits.grad, None
+
+    from eyas.families.eagle3.loss import harmonized
+
+    plain_argmax = signal.argmax.clone()
+    result = step_loss(logits, harmonized(signal, top_k, 0.5), loss_mask, step, chunk_tokens=chunk_tokens,
+                       objective="hass")
+    result.loss.backward()
+    torch.testing.assert_close(result.loss, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logits.grad, want_grad, rtol=1e-4, atol=1e-7)
+    assert torch.equal(signal.argmax, plain_argmax)  # the counts still compare with the target's own top choice
+    if top_k == len(draft_ids):
+        torch.testing.assert_close(result.loss, 1.5 * kl, rtol=1e-5, atol=1e-6)
+    else:
+        assert not torch.allclose(result.loss.detach(), 1.5 * kl.detach())
+    with pytest.raises(ValueError, match="harmonized"):
+        step_loss(logits, target_signal(final, head, draft_ids), loss_mask, step, objective="hass")

@@ -118,7 +118,7 @@ def test_split_attention_trains_what_scores_train_and_a_resume_may_switch_to_it(
         options["segments"]
 
 
-@pytest.mark.parametrize("objective", ["kl", "lk-lambda", "lk-alpha"])
+@pytest.mark.parametrize("objective", ["kl", "lk-lambda", "lk-alpha", "hass"])
 def test_learning_lowers_holdout_loss_and_lifts_step0_acceptance(setup, tmp_path, objective):
     """Under every --objective; the holdout's loss is the kl's whatever the objective (comparable between them), which
     lk-alpha, aiming at α alone, need not lower."""

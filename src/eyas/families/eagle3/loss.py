@@ -10,7 +10,7 @@ predicts is an assistant token (loss mask) and the target's own top choice is in
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -34,6 +34,21 @@ class TargetSignal:
     # per temperature asked for: the target's sampling distribution softmax(logits / T) over the full vocabulary, read
     # at the draft tokens [B, T, Vd] (what a drawn draft can match; it sums to less than 1 where mass lies outside)
     tempered: dict = field(default_factory=dict)
+    # float32 [B, T], asked for by --objective hass (:func:`harmonized`): probs is then HASS's teacher normalised, and
+    # this its total weight, 1 + w · (the target's probability of its own top-K draft tokens); None otherwise
+    scale: torch.Tensor | None = None
+
+
+def harmonized(signal: TargetSignal, top_k: int, weight: float) -> TargetSignal:
+    """HASS's objective (Zhang et al., ICLR 2025, "harmonized objective distillation") as a soft cross-entropy:
+    −Σ_v p_v log q_v − w · Σ_{v ∈ top-K(p)} p_v log q_v = −S · Σ_v r̂_v log q_v with the teacher r = p · (1 + w ·
+    [v ∈ top-K(p)]), S = Σ r and r̂ = r / S; so the kl's chunked loss computes it from r̂ with each position's weight
+    times S (:func:`step_loss`). The argmax is p's (the boost keeps the order). ``signal``'s probs become r̂ in place
+    (no second [B, T, Vd] float32 tensor)."""
+    top = signal.probs.topk(min(top_k, signal.probs.shape[-1]), dim=-1)
+    boosted = signal.probs.scatter_add_(-1, top.indices, weight * top.values)
+    scale = boosted.sum(-1)
+    return replace(signal, probs=boosted.div_(scale[..., None]), scale=scale)
 
 
 def target_signal(final: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor,
@@ -228,17 +243,22 @@ def step_loss(logits: torch.Tensor, signal: TargetSignal, loss_mask: torch.Tenso
     :data:`eyas.families.eagle3.options.OBJECTIVES`):
     kl, the soft cross-entropy to the teacher (EAGLE-3's); the LK losses (arXiv 2602.23881) aim at the acceptance α of
     drafts drawn from the drafter (:class:`_Acceptance`) — lk-alpha −mean log α, lk-lambda w · kl + (1 − w) · (1 −
-    mean α) with w = exp(−``lk_decay`` · mean α) (not differentiated), kl while α is low and α as it rises."""
+    mean α) with w = exp(−``lk_decay`` · mean α) (not differentiated), kl while α is low and α as it rises; hass, the kl
+    plus HASS's top-K term, from a signal :func:`harmonized` made."""
     shift = 1 + step
     weight = (shift_left(loss_mask, shift + 1) > 0) & shift_left(signal.in_draft, shift, fill=False)
     w = weight.float()
+    count = w.sum()
+    if objective == "hass":
+        if signal.scale is None:
+            raise ValueError("objective 'hass' reads HASS's teacher: build the signal with harmonized()")
+        w = w * shift_left(signal.scale, shift, fill=1.0)
     rows = max(1, chunk_tokens // max(1, logits.shape[1]))  # whole rows per chunk: no copy of the logits
     compile = logits.device.type == "cuda" if compile is None else compile
     total, top = _SoftCrossEntropy.apply(logits, signal.probs, w, shift, rows, compile)
-    count = w.sum()
     hits = (top == shift_left(signal.argmax, shift)) & weight
     loss = total / count.clamp(min=1.0)
-    if objective != "kl":
+    if objective.startswith("lk"):
         if signal.mass is None:
             raise ValueError(f"objective {objective!r} reads the target's mass: build the signal with mass=True")
         alpha = _Acceptance.apply(logits, signal.probs, signal.mass, shift, rows)

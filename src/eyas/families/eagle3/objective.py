@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.families.eagle3.loss import step_loss, target_signal
+from eyas.families.eagle3.loss import harmonized, step_loss, target_signal
 from eyas.families.eagle3.model import Eagle3Drafter
 from eyas.families.eagle3.ttt import ttt_steps
 
@@ -16,7 +16,9 @@ def micro_batch(drafter: Eagle3Drafter, batch, head: torch.Tensor, draft_ids: to
     """Forward (the teacher, K TTT steps) and backward of one micro-batch; adds each step's loss, hits and counted
     positions to ``tallies`` (on the device, not read back); returns the batch's real tokens."""
     losses, correct, counted = tallies
-    signal = target_signal(batch.final, head, draft_ids, mass=options.objective != "kl")  # the LK losses read it
+    signal = target_signal(batch.final, head, draft_ids, mass=options.objective.startswith("lk"))  # the LK losses' α
+    if options.objective == "hass":
+        signal = harmonized(signal, options.hass_top_k, options.hass_weight)
     total = 0.0
     with autocast():
         attention = None if options.attention == "auto" else options.attention

@@ -8,7 +8,7 @@ from eyas.data.benchmarks import DATASETS
 from eyas.options import Check, Options, above, at_least, each, one_of, option, within
 from eyas.speculation import chain_depths
 
-OBJECTIVES = ("kl", "lk-lambda", "lk-alpha")  # --objective: each TTT step's loss (eyas.families.eagle3.loss.step_loss)
+OBJECTIVES = ("kl", "lk-lambda", "lk-alpha", "hass")  # --objective: each TTT step's loss (eyas.families.eagle3.loss.step_loss)
 
 
 @dataclass
@@ -20,9 +20,14 @@ class Eagle3Options(Options):
     objective: str = option("kl", "each TTT step's loss: kl = soft cross-entropy to the target's distribution over the "
                             "draft vocabulary (EAGLE-3's); the LK losses (arXiv 2602.23881) aim at α, the chance a draft "
                             "drawn from the drafter is kept: lk-alpha = −mean log α, lk-lambda = w · kl + (1 − w) · "
-                            "(1 − mean α), w = exp(−lk-decay · mean α)", check=one_of(*OBJECTIVES))
+                            "(1 − mean α), w = exp(−lk-decay · mean α); hass = kl + hass-weight · the cross-entropy "
+                            "over the target's top hass-top-k draft tokens only (HASS, ICLR 2025)",
+                            check=one_of(*OBJECTIVES))
     lk_decay: float = option(1.0, "--objective lk-lambda: how fast the loss moves from kl to α as α rises",
                              check=above(0))
+    hass_top_k: int = option(10, "--objective hass: the target's K most likely draft tokens the extra term reads",
+                             check=at_least(1))
+    hass_weight: float = option(1.0, "--objective hass: the extra term's weight", check=above(0))
     attention: str = option("auto", "how TTT steps after the first attend (the same result up to rounding; only speed "
                             "and memory differ): concat = one fused attention over real and own keys under a mask, "
                             "split = a causal flash kernel over real keys merged with the own keys by log-sum-exp, "
