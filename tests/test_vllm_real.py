@@ -192,6 +192,89 @@ def test_bench_in_real_vllm_agrees_with_eyas_and_quotes_a_refusal(root):
     assert "Cannot find any model weights" in refused.stderr
 
 
+
+def _trained_eagle31(target: str, data: Path, out: Path, steps: int = 1500) -> Path:
+    """An EAGLE-3.1 drafter (fc_norm, norm_output) trained a few seconds by the training-time test on the target's own
+    greedy answers to DATA_DIR's held-out prompts, the ones bench asks (so that drafts are accepted often enough for
+    τ to mean something: this measures the engines' agreement, not the drafter), exported in fp32."""
+    from eyas.data.benchmarks import holdout_prompts
+    from transformers import AutoModelForCausalLM
+
+    from eyas.export.files import write_draft_dir
+    from eyas.families.eagle3.config import DrafterConfig
+    from eyas.families.eagle3.export import draft_config, draft_tensors
+    from eyas.families.eagle3.loss import step_loss, target_signal
+    from eyas.families.eagle3.model import Eagle3Drafter
+    from eyas.families.eagle3.ttt import ttt_steps
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(target).float().eval()
+    config = DrafterConfig(hidden_size=WIDTH, target_hidden_size=WIDTH, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=32, intermediate_size=256, rms_norm_eps=1e-6, vocab_size=zoo.VOCAB,
+                           draft_vocab_size=zoo.VOCAB, max_position_embeddings=256, layer_ids=list(LAYER_IDS),
+                           fc_norm=True, norm_output=True)
+    drafter = Eagle3Drafter(config)
+    drafter.load_target_embedding(model.get_input_embeddings().weight)
+    finals = []
+    model.lm_head.register_forward_pre_hook(lambda module, args: finals.append(args[0].detach()))
+    answers = []
+    with torch.no_grad():
+        for prompt in holdout_prompts(data):
+            start = len(prompt.input_ids)
+            seq = model.generate(torch.tensor([prompt.input_ids]), max_new_tokens=40, do_sample=False, pad_token_id=0)[0]
+            finals.clear()
+            states = model(seq[None], output_hidden_states=True).hidden_states
+            aux = torch.cat([states[i] for i in LAYER_IDS], -1)
+            answers.append((seq[None], (torch.arange(len(seq)) >= start).to(torch.uint8)[None], aux, finals[-1]))
+    head, everything = model.lm_head.weight.detach(), torch.arange(zoo.VOCAB)
+    optimizer = torch.optim.AdamW(drafter.trainable_parameters(), lr=3e-3)
+    for step in range(steps):
+        ids, mask, aux, final = answers[step % len(answers)]
+        signal = target_signal(final, head, everything)
+        loss = sum(0.8**k * step_loss(logits, signal, mask, k, compile=False).loss
+                   for k, logits in enumerate(ttt_steps(drafter, aux, ids, 3, attention="scores")))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    tensors = {k: v.detach() for k, v in drafter.state_dict().items() if k != "embed_tokens.weight"}
+    exported = draft_config(config, "llama", LAYERS, "fp32")
+    write_draft_dir(out, exported, draft_tensors(tensors, exported, "fp32"), "")
+    return out
+
+
+def test_an_eagle31_export_runs_in_real_vllm_as_in_eyas(root):
+    """EAGLE-3.1's switches as vLLM reads them: an eyas-trained drafter with fc_norm and norm_output, benched by
+    `eyas bench --engine eyas,vllm` (fp32, greedy, chain:3): the answers are the same, vLLM's τ (its spec-decode
+    counters) equals eyas' τ, and the drafts are accepted often. With norm_output dropped from config.json (the same
+    tensors) both engines run another network: its τ differs, and vLLM's still equals eyas' — vLLM honours the
+    switch as eyas does."""
+    target = _target(root, "llama")
+    zoo.write_data_dir(root / "data-e31", sizes=(("train", 4), ("holdout", 8)))
+    draft = _trained_eagle31(target, root / "data-e31", root / "draft-e31")
+    plain = root / "draft-e31-no-norm-output"
+    plain.mkdir(exist_ok=True)
+    for name in ("model.safetensors", "config.json"):
+        (plain / name).write_bytes((draft / name).read_bytes())
+    config = json.loads((draft / "config.json").read_text())
+    assert config["fc_norm"] is True and config["norm_output"] is True
+    (plain / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "norm_output"}))
+    taus = {}
+    for directory in (draft, plain):
+        out = root / f"bench-{directory.name}"
+        done = _eyas("bench", "--target", target, "--draft", str(directory), "--out", str(out), "--engine", "eyas,vllm",
+                     "--vllm-python", _vllm_python(), "--dataset", "sharegpt-holdout", "--data", str(root / "data-e31"),
+                     "--mode", "chain:3", "--concurrency", "1", "--max-new-tokens", "32", "--temperature", "0",
+                     "--device", "cpu", "--dtype", "fp32")
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = json.loads((out / "report.json").read_text())["engines"]["comparison"]
+        (row,) = [r for r in rows if r["mode"] == "chain:3"]
+        assert row["equal_outputs"] == row["prompts"] > 0, row
+        print(f"{directory.name}: τ vLLM {row['tau_engine']:.4f}, eyas {row['tau_eyas']:.4f}")
+        assert row["tau_engine"] == pytest.approx(row["tau_eyas"], abs=1e-9), row
+        taus[directory.name] = row["tau_eyas"]
+    assert taus[draft.name] > 1.5, taus
+    assert taus[draft.name] != pytest.approx(taus[plain.name], abs=1e-3), taus
+
 _DFLASH_WORKER = """
 import json, sys
 from vllm import LLM, SamplingParams
