@@ -17,7 +17,8 @@
 #       progress bars) and, once every run has finished, $OUT/objective-table.md.
 #
 # The variants (o-NAME runs): kl = today's recipe (EAGLE-3's soft cross-entropy); lk-lambda, lk-alpha = the LK losses;
-# hass = HASS's top-K term; eagle3.1 = --fc-norm --norm-output; mix = kl on MIX_LABEL (T = 0 and T = 0.8 answers).
+# hass = HASS's top-K term; eagle3.1 = --fc-norm --norm-output; mix = kl on MIX_LABEL (T = 0 and T = 0.8 answers);
+# tttK (not in the default list) = --ttt-steps K.
 set -uo pipefail
 WORK=${WORK:-~/rel}
 R="$(dirname "$0")/release_h200.sh"
@@ -28,6 +29,7 @@ flags_of() {  # VARIANT: its own train flags
     kl|mix) ;;
     lk-lambda|lk-alpha|hass) echo --objective "$1" ;;
     eagle3.1) echo --fc-norm --norm-output ;;
+    ttt*) echo --ttt-steps "${1#ttt}" ;;  # e.g. ttt5: the training-time test's depth
     *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }
