@@ -22,11 +22,14 @@ def run_train(args, nproc=None):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
 
 
-@pytest.mark.parametrize("sharding", [[], ["--fsdp"]], ids=["replicated", "fsdp2"])
-def test_two_gloo_ranks_equal_one_process_with_doubled_accumulation(tmp_path, sharding):
+@pytest.mark.parametrize("sharding, layout", [([], []), (["--fsdp"], ["--fc-norm", "--norm-output"])],
+                         ids=["replicated", "fsdp2-eagle3.1"])
+def test_two_gloo_ranks_equal_one_process_with_doubled_accumulation(tmp_path, sharding, layout):
+    """Data parallel over two ranks (replicated, or sharded by FSDP2, here with EAGLE-3.1's per-state norms, each its own
+    unit) trains the weights one process trains with twice the accumulation."""
     target, _, features = zoo.tiny_store(tmp_path, sizes=(("train", 32), ("holdout", 4)))
     common = ["--target", target, "--features", str(features), "--max-steps", "4", "--token-budget", "256",
-              "--ttt-steps", "3", "--lr", "1e-3", "--checkpoint-every", "2", "--eval-batches", "1"]
+              "--ttt-steps", "3", "--lr", "1e-3", "--checkpoint-every", "2", "--eval-batches", "1", *layout]
     run_train([*common, "--grad-accum", "2", "--out", str(tmp_path / "one")])
     run_train([*common, *sharding, "--grad-accum", "1", "--out", str(tmp_path / "two")], nproc=2)
     read = lambda run: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
@@ -36,6 +39,7 @@ def test_two_gloo_ranks_equal_one_process_with_doubled_accumulation(tmp_path, sh
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]) and a["tokens"] == b["tokens"]
     a = load_file(tmp_path / "one" / "final" / "model.safetensors")
     b = load_file(tmp_path / "two" / "final" / "model.safetensors")
+    assert ("fc_norm.0.weight" in a) == bool(layout)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
 

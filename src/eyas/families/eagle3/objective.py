@@ -48,6 +48,6 @@ def shard(drafter: Eagle3Drafter) -> None:
     """FSDP2 over ranks, one unit per module the TTT forward calls (it calls them directly, not the root)."""
     from torch.distributed.fsdp import fully_shard
 
-    for module in (drafter.embed_tokens, drafter.fc, drafter.midlayer, drafter.norm, drafter.lm_head,
-                   *([drafter.fc_norm] if drafter.config.fc_norm else [])):
+    norms = list(drafter.fc_norm) if drafter.config.fc_norm else []  # each a unit: fuse() calls them one by one
+    for module in (drafter.embed_tokens, drafter.fc, drafter.midlayer, drafter.norm, drafter.lm_head, *norms):
         fully_shard(module)
