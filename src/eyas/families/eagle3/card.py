@@ -9,7 +9,7 @@ from pathlib import Path
 
 from eyas.export.card import acceptance, serve_target, tau
 from eyas.train.options import trains_online
-from eyas.families.eagle3.contract import EAGLE31
+from eyas.families.eagle3.contract import eagle31_switches
 
 
 def model_card(config: dict, train_options: dict, report: dict, target: dict, draft_dir: Path) -> str:
@@ -25,8 +25,8 @@ def model_card(config: dict, train_options: dict, report: dict, target: dict, dr
     draft = str(Path(draft_dir).resolve())
     remote = " --trust-remote-code" if train_options.get("trust_remote_code") else ""
     speculative = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": 5})
-    norms = " with EAGLE-3.1's norms (" + ", ".join(k for k in EAGLE31 if config.get(k)) + ")" \
-        if any(config.get(k) for k in EAGLE31) else ""
+    switches = eagle31_switches(config)
+    norms = f" with EAGLE-3.1's norms ({', '.join(switches)})" if switches else ""
     return f"""# {Path(draft_dir).name}: EAGLE-3 drafter for {spec}
 
 Trained with eyas (training-time test, {train_options.get('ttt_steps', '?')} steps).

@@ -11,7 +11,8 @@ import torch
 from eyas.errors import EyasError
 from eyas.export.files import edited_since_export, eyas_name, integrity_problems, read_shapes, read_tensors, weight_files
 from eyas.export.fit import fit_problems
-from eyas.families.eagle3.contract import ARCHITECTURE, EAGLE31, expected_shapes, flat_config, kind_problems
+from eyas.families.eagle3.contract import (ARCHITECTURE, eagle31_switches, expected_shapes, flat_config,
+                                           kind_problems, variant_problems)
 from eyas.target.layer_ids import sglang_reads
 
 if TYPE_CHECKING:
@@ -90,18 +91,11 @@ def _check_config(config: dict, result: CheckResult) -> None:
                              "write false")
     if not (config.get("eagle_config") or {}).get("use_aux_hidden_state", True):
         result.errors.append("eagle_config.use_aux_hidden_state is false: the engines would skip fc and feed no target states")
-    if config.get("norm_before_fc") or (config.get("eagle_config") or {}).get("norm_before_fc"):
-        result.errors.append("norm_before_fc is set: a variant of the EAGLE-3 layer outside the contract (the engines do "
-                             "not all run it, and eyas cannot measure it); drafters that load everywhere leave it unset")
-    for key in EAGLE31:
-        nested = (config.get("eagle_config") or {}).get(key)
-        if nested is not None and bool(nested) != bool(config.get(key)):
-            result.errors.append(f"eagle_config.{key} is {nested} but the top-level {key} is {config.get(key)}: vLLM and "
-                                 "SGLang read the top level; set it there")
-    if any(config.get(key) for key in EAGLE31):
-        result.warnings.append("an EAGLE-3.1 drafter (" + ", ".join(k for k in EAGLE31 if config.get(k)) + "): vLLM "
-                               "0.32 and SGLang 0.5.23 run it; engines from before EAGLE-3.1 (vLLM PR #42764) refuse "
-                               "its fc_norm tensors or ignore norm_output and compute another network")
+    result.errors.extend(variant_problems(config))
+    if switches := eagle31_switches(config):
+        result.warnings.append(f"an EAGLE-3.1 drafter ({', '.join(switches)}): vLLM 0.32 and SGLang 0.5.23 run it; "
+                               "engines from before EAGLE-3.1 (vLLM PR #42764) refuse its fc_norm tensors or ignore "
+                               "norm_output and compute another network")
     if config.get("norm_before_residual"):
         result.warnings.append("norm_before_residual is true: SGLang ignores it and runs the drafter differently from vLLM")
     if any(isinstance(value, dict) for value in (config.get("rope_parameters") or {}).values()):

@@ -29,6 +29,29 @@ LAYER_TENSORS = (
 # output is the next step's hidden (eyas.families.eagle3.model)
 EAGLE31 = ("fc_norm", "norm_output")
 
+
+def eagle31_switches(config: dict) -> list[str]:
+    """The EAGLE-3.1 switches a (flat) drafter config.json sets, as the engines read them (the top level)."""
+    return [key for key in EAGLE31 if config.get(key)]
+
+
+def variant_problems(config: dict) -> list[str]:
+    """Why eyas cannot compute the layer a (flat) drafter config.json describes as the engines would, [] when it can:
+    ``norm_before_fc`` (an RMSNorm over the concatenated target states before fc, which eyas' drafter does not
+    implement), or an EAGLE-3.1 switch in ``eagle_config`` that disagrees with the top level the engines read.
+    Import refuses such a directory and ``eyas check`` reports it."""
+    nested = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    problems = []
+    if config.get("norm_before_fc") or nested.get("norm_before_fc"):
+        problems.append("norm_before_fc is set: an RMSNorm over the concatenated target states before fc, a variant of "
+                        "the EAGLE-3 layer outside the contract (the engines do not all run it, and eyas' drafter does "
+                        "not implement it); drafters that load everywhere leave it unset")
+    for key in EAGLE31:
+        if nested.get(key) is not None and bool(nested[key]) != bool(config.get(key)):
+            problems.append(f"eagle_config.{key} is {nested[key]} but the top-level {key} is {config.get(key)}: vLLM "
+                            "and SGLang read the top level; set it there")
+    return problems
+
 SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
 OPTIONAL_SIZES = ("draft_vocab_size", "target_hidden_size", "head_dim", "num_aux_hidden_states")
 

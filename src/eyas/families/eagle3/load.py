@@ -9,17 +9,10 @@ import torch
 from eyas.families.eagle3.config import DrafterConfig, drafter_rope
 from eyas.errors import EyasError
 from eyas.export.fit import layer_ids_of
-from eyas.families.eagle3.contract import EAGLE31, flat_config
+from eyas.families.eagle3.contract import EAGLE31, flat_config, variant_problems
 from eyas.export.files import read_tensors
 from eyas.export.files import read_draft_config
 from eyas.target.layer_ids import resolve_layer_ids
-
-# Variants of the EAGLE-3 layer that eyas' drafter does not compute: importing them would measure
-# a different network than the engines run, so they are refused by name.
-_UNSUPPORTED = {
-    "norm_before_fc": "an RMSNorm over the concatenated target states before fc",
-}
-
 
 def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple[DrafterConfig, dict[str, torch.Tensor]]:
     """(DrafterConfig, tensors with eyas names and a d2t) of a drafter directory.
@@ -34,14 +27,9 @@ def import_draft_dir(directory: Path, target_layers: int | None = None) -> tuple
     directory = Path(directory)
     raw = read_draft_config(directory)
     config = flat_config(raw)
-    for key, what in _UNSUPPORTED.items():
-        if config.get(key) or (config.get("eagle_config") or {}).get(key):
-            raise EyasError(f"{directory} sets {key} ({what}); eyas' drafter does not implement that variant")
-    for key in EAGLE31:  # the engines read these at the top level only
-        nested = (config.get("eagle_config") or {}).get(key)
-        if nested is not None and bool(nested) != bool(config.get(key)):
-            raise EyasError(f"{directory}: eagle_config.{key} is {nested} but the top-level {key} is "
-                            f"{config.get(key)}; vLLM and SGLang read the top level: set it there")
+    problems = variant_problems(config)  # importing such a layer would measure another network than the engines run
+    if problems:
+        raise EyasError(f"{directory}: {'; '.join(problems)}")
     if int(config.get("num_hidden_layers", 1)) != 1:
         raise EyasError(f"{directory} has {config['num_hidden_layers']} drafter layers; eyas runs single-layer EAGLE-3 drafters")
     tensors = read_tensors(directory)
