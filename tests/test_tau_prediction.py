@@ -249,3 +249,33 @@ def test_predict_without_a_holdout_is_refused_before_anything_is_decoded(tmp_pat
     with pytest.raises(EyasError, match="no holdout split: prepare DATA_DIR with --holdout, or leave --predict out"):
         train(TrainOptions(target=target, out=tmp_path / "run", data=data, online=True, max_steps=1, token_budget=256,
                            ttt_steps=2, predict=("sharegpt-holdout",)))
+
+
+def test_runs_side_by_side_answer_the_prompts_once(tmp_path, monkeypatch):
+    """A second process reaching the same answers' key while the first decodes waits for its cache, and reads it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from eyas.data.bench_answers import answering_alone, cached_answers, keep_answers
+
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
+    answer = AnsweredPrompt(dataset="mt-bench", prompt_id="1", temperature=0.0, seed=0, prompt=[1, 2], answer=[3, 4],
+                            stop_at=None, limit=2)
+    holder = ("import sys, time\nfrom eyas.data.bench_answers import answering_alone\nwith answering_alone('k'):\n"
+              "    print('held', flush=True)\n    time.sleep(3)\n")
+    first = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "EYAS_CACHE": str(tmp_path / "cache")})
+    assert first.stdout.readline().strip() == "held"
+    start = time.monotonic()
+    with answering_alone("k"):  # blocks until the other process lets go
+        waited = time.monotonic() - start
+        assert cached_answers("k") is None
+        keep_answers("k", [answer], "graphs")
+    first.wait(timeout=30)
+    assert waited > 1.5
+    with answering_alone("k"):
+        assert cached_answers("k") == ([answer], "graphs")
+    with answering_alone(None):  # no key: nothing kept, nothing locked
+        assert cached_answers(None) is None

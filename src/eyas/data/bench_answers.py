@@ -19,6 +19,7 @@ judges drafts beyond what it emits (its acceptance counts in τ), and they are j
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,6 +162,31 @@ def _answers_path(key: str):
     from eyas.io import cache_dir
 
     return cache_dir() / "bench-answers" / f"{key}.json"
+
+
+@contextmanager
+def answering_alone(key: str | None):
+    """Held while a run looks for the answers kept under ``key`` and, finding none, decodes and keeps them: another
+    process answering the same prompts (runs of a table started side by side) waits here for them instead of decoding
+    them too — an exclusive ``flock`` on ``KEY.lock`` beside the cache file, released by the kernel if the holder dies.
+    Nothing without a key."""
+    if not key:
+        yield
+        return
+    import fcntl
+
+    lock = _answers_path(key).with_suffix(".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another run answering the same prompts (lock {lock})", flush=True)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def cached_answers(key: str | None) -> tuple[list[AnsweredPrompt], str] | None:

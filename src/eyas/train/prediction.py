@@ -50,7 +50,8 @@ def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence
     """The target (loaded, online) answers bench's prompts of the ``options.predict`` datasets as bench would decode
     them (:func:`eyas.data.bench_answers.answer_as_bench`) — or a run before this one did, on the same weights
     (``identity``: their fingerprints) and decoder, and the eyas cache kept them — and a source captures their states."""
-    from eyas.data.bench_answers import answer_as_bench, answers_key, bench_default, cached_answers, keep_answers
+    from eyas.data.bench_answers import (answer_as_bench, answering_alone, answers_key, bench_default, cached_answers,
+                                         keep_answers)
     from eyas.data.benchmarks import MAX_PROMPT_TOKENS, load_prompts
     from eyas.errors import EyasError
     from eyas.progress import progress_bar
@@ -69,13 +70,14 @@ def build_prediction(options, target, data_dir: Path | None, layer_ids: Sequence
         for limit in limits:  # each on its own cache, as bench's run of that length (eyas.data.bench_answers)
             key = answers_key(target, identity or {}, prompts, layer_ids, options.predict_modes, limit, temperatures,
                               options.predict_samples)
-            kept = cached_answers(key)
-            if kept is None:
-                kept = answer_as_bench(target, prompts, layer_ids, options.predict_modes, limit, temperatures,
-                                       options.predict_samples, progress=bar)
-                keep_answers(key, *kept)
-            else:
-                bar(len(prompts))
+            with answering_alone(key):  # runs started side by side decode them once
+                kept = cached_answers(key)
+                if kept is None:
+                    kept = answer_as_bench(target, prompts, layer_ids, options.predict_modes, limit, temperatures,
+                                           options.predict_samples, progress=bar)
+                    keep_answers(key, *kept)
+                else:
+                    bar(len(prompts))
             more, decoder = kept
             answered += more
     source = OnlineSource(target, None, None, layer_ids, options.token_budget, device, dtype,
