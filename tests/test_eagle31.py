@@ -63,6 +63,24 @@ def test_the_norms_compute_what_the_engines_compute(fc_norm, norm_output):
     assert hasattr(drafter, "fc_norm") == fc_norm  # a plain drafter has no such tensors to export
 
 
+def test_under_the_trainings_autocast_the_state_handed_on_keeps_the_layers_precision():
+    """Training on a GPU runs fp32 master weights under bf16 autocast. The output norm's fp32 weight must not widen the
+    hidden handed to the next TTT step to fp32 (and with it that step's rotary, q and k, which the flash kernel's
+    backward refuses: "FlashAttention only support fp16 and bf16", an H100, 2026-12-07): it stays the layer's bf16, as
+    the step a plain drafter hands on, and as an engine running the drafter in bf16 hands it on."""
+    gen = torch.Generator().manual_seed(3)
+    for norm_output in (False, True):
+        config = tiny_config(fc_norm=True, norm_output=norm_output)
+        drafter = random_drafter(config)
+        aux = torch.randn(1, 5, config.aux_width, generator=gen)
+        ids = torch.randint(0, config.vocab_size, (1, 5), generator=gen)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            first = drafter.fuse(aux)
+            step = drafter.layer(first, ids, torch.arange(5).unsqueeze(0), causal)
+            again = drafter.layer(step, ids, torch.arange(1, 6).unsqueeze(0), causal)
+        assert (first.dtype, step.dtype, again.dtype) == (torch.bfloat16,) * 3, norm_output
+
+
 def _weights(drafter) -> dict[str, torch.Tensor]:
     tensors = {k: v.detach().clone() for k, v in drafter.state_dict().items() if k != "embed_tokens.weight"}
     tensors["d2t"] = drafter.d2t.clone()

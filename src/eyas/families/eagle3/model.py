@@ -145,7 +145,8 @@ class Eagle3Drafter(nn.Module):
         embeds = self.embed_tokens(token_ids).to(hidden.dtype)
         cos, sin = self.rotary(hidden, positions)
         out = self.midlayer(embeds, hidden, cos, sin, attend, fused)
-        return self.norm(out) if self.config.norm_output else out
+        # the norm's fp32 weight under training's autocast would widen it: the next step gets the layer's precision
+        return self.norm(out).to(out.dtype) if self.config.norm_output else out
 
     def fused_projections(self) -> FusedProjections | None:
         """For decoding: copies of q/k/v's weights concatenated and of gate/up's (a snapshot of the current
