@@ -121,3 +121,32 @@ def test_the_memory_estimate_of_a_ttt_unroll_runs_and_grows_with_its_steps():
     config = tiny_config()
     two, four = ttt_saved_bytes(config, 2, 64, 2), ttt_saved_bytes(config, 2, 64, 4)
     assert 0 < two < four
+
+
+@pytest.mark.parametrize("layout", [{}, {"fc_norm": True, "norm_output": True}, {"hidden_size": 32, "num_attention_heads": 2,
+                                                                              "num_key_value_heads": 1}],
+                         ids=["eagle3", "eagle3.1", "narrower-drafter"])
+def test_under_the_trainings_autocast_every_layout_hands_the_kernel_one_half_precision(layout, monkeypatch):
+    """On a GPU the drafter trains with fp32 master weights under bf16 autocast, and the flash kernel (forward under
+    autocast, backward outside it) takes fp16 / bf16 only: every step's q, k, v, for every drafter layout, must reach it
+    in bf16 — EAGLE-3.1's fp32 norm output once reached it as fp32 and failed only on the GPU (2026-12-07)."""
+    from eyas.families.eagle3 import split_attention
+
+    seen = []
+    kernel = split_attention._flash_forward
+
+    def recording(q, k, v, scale):
+        seen.append({q.dtype, k.dtype, v.dtype})
+        return kernel(q, k, v, scale)
+
+    monkeypatch.setattr(split_attention, "_flash_forward", recording)
+    config = tiny_config(**layout)
+    drafter = random_drafter(config)
+    gen = torch.Generator().manual_seed(4)
+    aux = torch.randn(2, 9, config.aux_width, generator=gen)
+    ids = torch.randint(0, config.vocab_size, (2, 9), generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        total = sum(logits.float().square().mean() for logits in ttt_steps(drafter, aux, ids, 4, attention="split"))
+    total.backward()
+    assert len(seen) == 3 and all(dtypes == {torch.bfloat16} for dtypes in seen), seen  # steps 1 … 3
+    assert drafter.fc.weight.grad is not None and drafter.fc.weight.dtype == torch.float32
