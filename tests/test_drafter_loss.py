@@ -54,23 +54,26 @@ def test_an_empty_step_has_no_loss_and_no_gradient():
     assert torch.equal(logits.grad, torch.zeros_like(logits))
 
 
+@pytest.mark.parametrize("objective", ["kl", "lk-lambda"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_compiled_chunks_compute_what_the_eager_ones_do(dtype):
-    """On CUDA the chunk arithmetic is fused by torch.compile; the compiled functions (here on the CPU)
-    give the eager loss, gradient and counts, over chunks of several shapes (dynamic shapes)."""
+def test_compiled_chunks_compute_what_the_eager_ones_do(dtype, objective):
+    """On CUDA the chunk arithmetic is fused by torch.compile — the soft cross-entropy's and, for the LK losses, the
+    acceptance α's (lk-lambda reads both); the compiled functions (here on the CPU) give the eager loss, gradient and
+    counts, over chunks of several shapes (dynamic shapes)."""
     from eyas.families.eagle3 import loss as loss_module
     gen = torch.Generator().manual_seed(5)
     batch, tokens, width, vocab = 3, 12, 16, 40
     draft_ids = torch.arange(0, vocab, 2)
     signal = target_signal(torch.randn(batch, tokens, width, generator=gen), torch.randn(vocab, width, generator=gen),
-                           draft_ids)
+                           draft_ids, mass=objective != "kl")
     loss_mask = torch.ones(batch, tokens, dtype=torch.uint8)
     base = (3 * torch.randn(batch, tokens, len(draft_ids), generator=gen)).to(dtype)
     results = {}
     for compile in (False, True):
         for step in (0, 3):
             logits = base.clone().requires_grad_()
-            result = step_loss(logits, signal, loss_mask, step, chunk_tokens=24, compile=compile)  # 2 rows, then 1
+            result = step_loss(logits, signal, loss_mask, step, chunk_tokens=24, compile=compile,  # 2 rows, then 1
+                               objective=objective)
             result.loss.backward()
             results[compile, step] = (result.loss.detach(), logits.grad, int(result.correct))
     for step in (0, 3):

@@ -119,6 +119,20 @@ def _gradient_into(out: torch.Tensor, z: torch.Tensor, p: torch.Tensor, lse: tor
     out.exp_().mul_(scale[..., None]).addcmul_(p, scale[..., None], value=-1)
 
 
+def _acceptance_fusable(z: torch.Tensor, p: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """α per row of one chunk, float32: Σ_v min(mass · p_v, softmax(z)_v) (one reduction once compiled)."""
+    return torch.minimum(p * mass[..., None], torch.softmax(z, dim=-1, dtype=torch.float32)).sum(-1)
+
+
+def _acceptance_gradient_fusable(z: torch.Tensor, p: torch.Tensor, mass: torch.Tensor,
+                                 grad_alpha: torch.Tensor) -> torch.Tensor:
+    """∂α/∂z · grad_alpha for one chunk, float32: q_j · ([q_j < p_j] − Σ_{v: q_v < p_v} q_v), q = softmax(z), p the
+    target's own probabilities (mass · teacher)."""
+    q = torch.softmax(z, dim=-1, dtype=torch.float32)
+    inside = torch.where(q < p * mass[..., None], q, 0.0)
+    return (inside - q * inside.sum(-1, keepdim=True)) * grad_alpha[..., None]
+
+
 class _ChunkKernels:
     """The chunk functions fused by ``torch.compile``, used on CUDA: eagerly, each is several full passes
     over a chunk of logits ([rows, T, Vd] floats), the largest item of a training step on a GPU
@@ -131,12 +145,13 @@ class _ChunkKernels:
         self.compile_failed = False
 
     def run(self, which: int, *args):
-        """Compiled function ``which`` (0: row terms, 1: gradient) on ``args``; None if it cannot be had."""
+        """Compiled function ``which`` (0: row terms, 1: gradient, 2: acceptance, 3: its gradient) on ``args``; None
+        if it cannot be had."""
         if self.compile_failed:
             return None
         if self._compiled is None:
-            self._compiled = (compiled(_row_terms_fusable, dynamic=True, keep_rounding=False),
-                              compiled(_gradient_fusable, dynamic=True, keep_rounding=False))
+            self._compiled = tuple(compiled(function, dynamic=True, keep_rounding=False) for function in (
+                _row_terms_fusable, _gradient_fusable, _acceptance_fusable, _acceptance_gradient_fusable))
         try:
             return self._compiled[which](*args)
         except Exception as error:  # a compiler or backend error: the eager functions compute the same
@@ -207,17 +222,17 @@ class _Acceptance(torch.autograd.Function):
     Backward recomputes q per chunk: ∂α/∂z_j = q_j · ([q_j < p_j] − Σ_{v: q_v < p_v} q_v)."""
 
     @staticmethod
-    def forward(ctx, logits, target, mass, shift, rows):
+    def forward(ctx, logits, target, mass, shift, rows, compile):
         batch, tokens, _ = logits.shape
         usable = max(0, tokens - shift)
         alpha = torch.zeros(batch, tokens, dtype=torch.float32, device=logits.device)
         for b0 in range(0, batch, rows):
             chunk = (slice(b0, b0 + rows), slice(0, usable))
-            q = torch.softmax(logits[chunk], dim=-1, dtype=torch.float32)
-            p = target[b0:b0 + rows, shift:] * mass[b0:b0 + rows, shift:, None]
-            alpha[chunk] = torch.minimum(p, q).sum(-1)
+            args = (logits[chunk], target[b0:b0 + rows, shift:], mass[b0:b0 + rows, shift:])
+            fused = _KERNELS.run(2, *args) if compile else None
+            alpha[chunk] = fused if fused is not None else _acceptance_fusable(*args)
         ctx.save_for_backward(logits, target, mass)
-        ctx.shift, ctx.rows = shift, rows
+        ctx.shift, ctx.rows, ctx.compile = shift, rows, compile
         return alpha
 
     @staticmethod
@@ -228,11 +243,10 @@ class _Acceptance(torch.autograd.Function):
         grad = torch.zeros_like(logits)
         for b0 in range(0, logits.shape[0], rows):
             chunk = (slice(b0, b0 + rows), slice(0, usable))
-            q = torch.softmax(logits[chunk], dim=-1, dtype=torch.float32)
-            below = q < target[b0:b0 + rows, shift:] * mass[b0:b0 + rows, shift:, None]
-            inside = torch.where(below, q, 0.0)
-            grad[chunk] = (inside - q * inside.sum(-1, keepdim=True)).mul_(grad_alpha[chunk][..., None])
-        return grad, None, None, None, None
+            args = (logits[chunk], target[b0:b0 + rows, shift:], mass[b0:b0 + rows, shift:], grad_alpha[chunk])
+            fused = _KERNELS.run(3, *args) if ctx.compile else None
+            grad[chunk] = fused if fused is not None else _acceptance_gradient_fusable(*args)
+        return grad, None, None, None, None, None
 
 
 def step_loss(logits: torch.Tensor, signal: TargetSignal, loss_mask: torch.Tensor, step: int,
@@ -261,7 +275,7 @@ def step_loss(logits: torch.Tensor, signal: TargetSignal, loss_mask: torch.Tenso
     if objective.startswith("lk"):
         if signal.mass is None:
             raise ValueError(f"objective {objective!r} reads the target's mass: build the signal with mass=True")
-        alpha = _Acceptance.apply(logits, signal.probs, signal.mass, shift, rows)
+        alpha = _Acceptance.apply(logits, signal.probs, signal.mass, shift, rows, compile)
         if objective == "lk-alpha":
             loss = -(torch.log(alpha.clamp(min=1e-30)) * w).sum() / count.clamp(min=1.0)
         else:
