@@ -18,7 +18,8 @@
 #
 # The variants (o-NAME runs): kl = today's recipe (EAGLE-3's soft cross-entropy); lk-lambda, lk-alpha = the LK losses;
 # hass = HASS's top-K term; eagle3.1 = --fc-norm --norm-output; mix = kl on MIX_LABEL (T = 0 and T = 0.8 answers);
-# tttK (not in the default list) = --ttt-steps K.
+# tttK (not in the default list) = --ttt-steps K; data-LABEL (not in the default list) = kl on $WORK/data/LABEL (another
+# draft vocabulary, fewer distinct conversations over more passes: a DATA_DIR prepared so).
 set -uo pipefail
 WORK=${WORK:-~/rel}
 R="$(dirname "$0")/release_h200.sh"
@@ -26,7 +27,7 @@ VARIANTS=${VARIANTS:-kl lk-lambda lk-alpha hass eagle3.1 mix}
 
 flags_of() {  # VARIANT: its own train flags
   case $1 in
-    kl|mix) ;;
+    kl|mix|data-*) ;;
     lk-lambda|lk-alpha|hass) echo --objective "$1" ;;
     eagle3.1) echo --fc-norm --norm-output ;;
     ttt*) echo --ttt-steps "${1#ttt}" ;;  # e.g. ttt5: the training-time test's depth
@@ -54,7 +55,7 @@ case "${1:-}" in
   start)
     t0=$2 mix=$3; shift 3
     for variant in $VARIANTS; do
-      label=$t0; [ "$variant" = mix ] && label=$mix
+      label=$t0; [ "$variant" = mix ] && label=$mix; [[ $variant == data-* ]] && label=${variant#data-}
       # shellcheck disable=SC2046  # a variant's flags are several words
       bash "$R" start "o-$variant" "$label" "$@" $(flags_of "$variant")
     done ;;
