@@ -30,8 +30,15 @@ def _logits(who: str, prefix: tuple[int, ...]) -> torch.Tensor:
     return logits
 
 
-def dist(who: str, prefix: tuple[int, ...], sampling: Sampling) -> torch.Tensor:
+@functools.lru_cache(maxsize=None)
+def _dist(who: str, prefix: tuple[int, ...], sampling: Sampling) -> torch.Tensor:
     return target_probs(_logits(who, prefix), sampling).double()
+
+
+def dist(who: str, prefix: tuple[int, ...], sampling: Sampling) -> torch.Tensor:
+    """The fixed distribution of ``who`` after ``prefix`` (computed once: the tests ask for the same ones thousands of
+    times), a copy the caller may change."""
+    return _dist(who, prefix, sampling).clone()
 
 
 def uniform(generator, n=1):
