@@ -130,7 +130,7 @@ def _acceptance_gradient_fusable(z: torch.Tensor, p: torch.Tensor, mass: torch.T
     target's own probabilities (mass · teacher)."""
     q = torch.softmax(z, dim=-1, dtype=torch.float32)
     inside = torch.where(q < p * mass[..., None], q, 0.0)
-    return (inside - q * inside.sum(-1, keepdim=True)) * grad_alpha[..., None]
+    return (inside - q * inside.sum(-1, keepdim=True)).mul_(grad_alpha[..., None])
 
 
 class _ChunkKernels:
