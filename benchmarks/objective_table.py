@@ -1,8 +1,8 @@
 """Issue 46's objective / data table: finished runs side by side, by the τ `eyas train --predict` reported for each.
 
 Each RUN_DIR is a finished `eyas train --predict …` run (every variant trained at equal tokens: the same --max-steps and
---token-budget, or say so); the table names each run by the options it was started with that differ between the runs
-(--objective lk-lambda, --ttt-steps 5, …), and gives its training tokens, the holdout's simulated τ, and, per dataset,
+--token-budget, or say so); the first is the baseline ("base"), and the table names every other run by the options it
+was started with unlike the baseline (--objective lk-lambda, --ttt-steps 5, --data mix-all, …), and gives its training tokens, the holdout's simulated τ, and, per dataset,
 the predicted τ of bench's chains at each temperature and answer length (what `eyas bench` measures on those prompts:
 benchmarks/predict_vs_bench.py checks it against bench's loop).
 
@@ -19,10 +19,17 @@ SKIPPED = {"out", "resume", "force", "max_steps", "checkpoint_every", "keep", "v
 
 
 def variants(options: list[dict]) -> list[str]:
-    """Each run's name: its started options that differ between the runs (``base`` when none does)."""
+    """Each run's name: the started options it sets unlike the first run, the baseline (``base``; a path by its last
+    component: ``--data mix-all``)."""
+    first = options[0]
     keys = sorted({k for o in options for k in o} - SKIPPED)
-    differing = [k for k in keys if len({json.dumps(o.get(k), sort_keys=True) for o in options}) > 1]
-    return [" ".join(f"--{k.replace('_', '-')} {o.get(k)}" for k in differing) or "base" for o in options]
+
+    def shown(value) -> str:
+        return Path(value).name if isinstance(value, str) and "/" in value else str(value)
+
+    return [" ".join(f"--{k.replace('_', '-')} {shown(o.get(k))}" for k in keys
+                     if json.dumps(o.get(k), sort_keys=True) != json.dumps(first.get(k), sort_keys=True)) or "base"
+            for o in options]
 
 
 def table(runs: list[Path]) -> str:

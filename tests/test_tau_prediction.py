@@ -207,18 +207,20 @@ def test_predict_refuses_what_it_cannot_predict_in_one_line(flags, said, tmp_pat
 
 
 def test_the_objective_table_names_each_run_by_what_differs_and_lays_out_its_predictions(tmp_path, monkeypatch):
-    """benchmarks/objective_table.py: runs named by the started options that differ (not by their step limits or out
-    directories), one line per dataset, a column per chain, temperature and length."""
+    """benchmarks/objective_table.py: the first run is the baseline, every other one named by the started options it
+    sets unlike the baseline (not by its step limits or out directory; a path by its last component), one line per
+    dataset, a column per chain, temperature and length."""
     import json
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import objective_table
 
-    def run(name, objective, tau):
+    def run(name, objective, tau, data="/data/t0-all"):
         directory = tmp_path / name
         directory.mkdir()
-        options = {"out": str(directory), "max_steps": 10, "objective": objective, "lr": 0.003, "segments": [{"step": 0}]}
+        options = {"out": str(directory), "max_steps": 10, "objective": objective, "lr": 0.003, "data": data,
+                   "segments": [{"step": 0}]}
         (directory / "train_options.json").write_text(json.dumps(options))
         predicted = [{"dataset": d, "mode": "chain:5", "temperature": t, "max_new_tokens": n, "tau": tau + t + n / 1000}
                      for d in ("mt-bench", "humaneval") for t in (0.0, 1.0) for n in (256, 512)]
@@ -226,12 +228,13 @@ def test_the_objective_table_names_each_run_by_what_differs_and_lays_out_its_pre
                                                                                           "predicted": predicted}}))
         return directory
 
-    text = objective_table.table([run("a", "kl", 2.0), run("b", "lk-lambda", 2.5)])
+    text = objective_table.table([run("a", "kl", 2.0), run("b", "lk-lambda", 2.5), run("c", "kl", 2.0, "/data/mix-all")])
     lines = text.splitlines()
     assert lines[0].startswith("| run | variant | tokens | holdout τ | dataset | chain:5 T=0 @256 | chain:5 T=0 @512 |")
-    assert "| a | --objective kl | 1,000 | 3.00 | mt-bench | 2.26 | 2.51 | 3.26 | 3.51 |" in lines
+    assert "| a | base | 1,000 | 3.00 | mt-bench | 2.26 | 2.51 | 3.26 | 3.51 |" in lines
     assert "| b | --objective lk-lambda | 1,000 | 3.00 | humaneval | 2.76 | 3.01 | 3.76 | 4.01 |" in lines
-    assert len(lines) == 2 + 4
+    assert "| c | --data mix-all | 1,000 | 3.00 | mt-bench | 2.26 | 2.51 | 3.26 | 3.51 |" in lines
+    assert len(lines) == 2 + 6
 
 
 def test_predict_without_a_holdout_is_refused_before_anything_is_decoded(tmp_path, monkeypatch):
