@@ -38,6 +38,13 @@ def test_file_over_defaults_and_set_over_file(tmp_path):
     prepare = config.options("prepare")
     assert prepare.regeneration.batch_size == 64 and prepare.regeneration.max_new_tokens == 1024  # nested default kept
     assert prepare.data == ["a.jsonl", "b.jsonl"]
+    assert prepare.regeneration.temperature == (0.0,)  # the default: greedy answers only
+    one = load_config(write(tmp_path / "t.toml", 'target = "demo"\nworkdir = "w"\n[prepare]\ndata = ["a"]\n'
+                                                 '[prepare.regeneration]\ntemperature = 0.8\n'), ["bench.temperature=0.5"])
+    assert one.options("prepare").regeneration.temperature == (0.8,)  # one number: a tuple of one
+    assert one.options("bench").temperature == (0.5,)
+    assert load_config(path, ["prepare.data=['a']", "prepare.regeneration.temperature=[0.0, 0.8]"]).options(
+        "prepare").regeneration.temperature == (0.0, 0.8)
     assert config.options("bench").prompts == 4
     assert config.stages == ("prepare", "train", "export", "bench") and config.folder("train") == Path("w/run")
 

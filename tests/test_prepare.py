@@ -162,6 +162,42 @@ def test_prepare_with_in_process_regeneration(tmp_path, tiny_target):
     assert stats.train_samples >= 4
 
 
+def test_regeneration_at_several_temperatures_keeps_every_answer_set(tmp_path, tiny_target):
+    """--temperature 0,0.8: every conversation answered once at each temperature, each set journaled in its own folder
+    (its greedy set the very answers a one-temperature run writes), both in DATA_DIR on one side of the split; a
+    rerun resumes both sets and regenerates nothing."""
+    source = write_dataset(tmp_path / "chats.jsonl", n=4)
+    greedy = tmp_path / "greedy"
+    prepare(PrepareOptions(target=str(tiny_target), data=[str(source)], out=greedy, holdout=0, regenerate=True,
+                           regeneration=RegenerationOptions(max_new_tokens=6, batch_size=4)))
+    both = tmp_path / "both"
+    result = CliRunner().invoke(app, ["prepare", "--target", str(tiny_target), "--data", str(source), "--out", str(both),
+                                      "--holdout", "0.5", "--regenerate", "--temperature", "0,0.8",
+                                      "--max-new-tokens", "6", "--batch-size", "4"])
+    assert result.exit_code == 0, result.output
+    assert not list(both.glob("regenerated*.jsonl"))  # no journal of unknown temperature in DATA_DIR itself
+    sets = {t: {c["id"]: c for c in journal_records(both / f"regenerated-T{t}" / "regenerated.jsonl")} for t in ("0", "0.8")}
+    assert sets["0"] == {c["id"]: c for c in journal_records(greedy / "regenerated.jsonl")}
+    assert set(sets["0.8"]) == set(sets["0"]) and sets["0.8"] != sets["0"]  # the same conversations, drawn answers
+
+    manifest = json.loads((both / "manifest.json").read_text())
+    assert manifest["options"]["regeneration"]["temperature"] == [0.0, 0.8]
+    assert manifest["stats"]["regeneration"]["conversations_done"] == 2 * 5
+    samples = {}
+    for split in ("train", "holdout"):
+        for sample in read_samples(both / f"{split}.parquet"):
+            samples.setdefault(sample.id, set()).add(split)
+    assert all(len(splits) == 1 for splits in samples.values())  # a conversation's answer sets on one side
+    train_ids = [s.id for s in read_samples(both / "train.parquet")]
+    assert len(train_ids) > len(set(train_ids))  # both answers of a conversation trained on
+
+    again = CliRunner().invoke(app, ["prepare", "--target", str(tiny_target), "--data", str(source), "--out", str(both),
+                                     "--holdout", "0.5", "--regenerate", "--temperature", "0,0.8",
+                                     "--max-new-tokens", "6", "--batch-size", "4", "--force"])
+    assert again.exit_code == 0, again.output
+    assert json.loads((both / "manifest.json").read_text())["stats"]["regeneration"]["conversations_resumed"] == 2 * 5
+
+
 def test_a_regeneration_journal_is_data_as_it_is(tmp_path, tiny_target):
     """What was regenerated so far (a stopped run's journal) prepares into exactly the samples the
     finished run made, truncated answers included (no end-of-turn taught after them)."""

@@ -187,6 +187,8 @@ def _convert(value: Any, kind: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a table, got {value!r}")
         return kind(**_check_table(value, kind, where))
     if origin in (tuple, list):
+        if origin is tuple and args and args[-1] is Ellipsis and not isinstance(value, list | dict):
+            value = [value]  # one value for a tuple of any length: a tuple of one (temperature = 0.0)
         if not isinstance(value, list):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
         if origin is tuple and args and args[-1] is not Ellipsis:

@@ -147,11 +147,11 @@ class HFGenerator:
         for n, row in enumerate(rows):  # left padding: every prompt ends where generation starts
             input_ids[n, width - len(row):] = torch.tensor(row, dtype=torch.long)
             mask[n, width - len(row):] = 1
-        sampling = self.options.temperature > 0
+        sampling = self.options.sampling_temperature > 0
         kwargs: dict[str, Any] = dict(max_new_tokens=self.options.max_new_tokens, do_sample=sampling,
                                       pad_token_id=self.pad_id, eos_token_id=self.eos_ids or None)
         if sampling:
-            kwargs["temperature"] = self.options.temperature
+            kwargs["temperature"] = self.options.sampling_temperature
             # Reproducible for a given seed and call sequence; greedy runs leave the global RNG alone.
             torch.manual_seed(self.options.seed + self._calls)
             self._calls += 1
@@ -168,7 +168,7 @@ class HFGenerator:
         if self._decoder is None:
             self._decoder = BatchedDecoder(self.model, self.eos_ids, self.pad_id, max_batch=self.options.batch_size)
         seeds = [row_seed(self.options.seed, row) for row in rows]
-        tokens = self._decoder.decode(rows, self.options.max_new_tokens, self.options.temperature, seeds)
+        tokens = self._decoder.decode(rows, self.options.max_new_tokens, self.options.sampling_temperature, seeds)
         return [self._answer(row) for row in tokens]
 
     def _static_cache(self, batch: int, length: int):
@@ -237,7 +237,7 @@ class OpenAIServerGenerator:
         body = json.dumps({
             "model": self.model,
             "messages": messages,
-            "temperature": self.options.temperature,
+            "temperature": self.options.sampling_temperature,
             "max_tokens": self.options.max_new_tokens,
             "seed": self.options.seed,
         }).encode("utf-8")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from eyas.options import HTTP_URL, SEED, Options, above, at_least, chat_template_file, force_option, one_of, option, remote_code, within
+from eyas.options import (HTTP_URL, SEED, Options, above, at_least, chat_template_file, each, force_option, one_of, option,
+                          remote_code, within)
 
 GENERATORS = ("eyas", "hf-generate")
 
@@ -14,7 +15,11 @@ GENERATORS = ("eyas", "hf-generate")
 class RegenerationOptions(Options):
     """How to generate: sampling, limits, and where the target runs (a server, or in-process)."""
 
-    temperature: float = option(0.0, "regeneration sampling temperature (0 = greedy)", check=at_least(0))
+    temperature: tuple[float, ...] = option((0.0,), "regeneration sampling temperature, one or more, comma-separated: "
+                                            "every conversation is answered once at each and DATA_DIR keeps every "
+                                            "answer (0 = greedy; 0,0.8 = greedy and sampled answers, what a drafter "
+                                            "served at T > 0 learns most from: docs/recipe.md)",
+                                            check=each(at_least(0)))
     max_new_tokens: int = option(1024, "longest regenerated answer", check=at_least(1))
     server: str | None = option(None, "OpenAI-compatible server for --regenerate (e.g. http://127.0.0.1:8000/v1)",
                                 check=HTTP_URL)
@@ -31,6 +36,24 @@ class RegenerationOptions(Options):
     retries: int = option(3, "retries per request (exponential backoff)", check=at_least(0))
     timeout: float = option(300.0, "seconds per request", check=above(0))
     seed: int = option(0, "regeneration sampling seed (with --temperature > 0)", check=SEED)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.temperature, int | float):  # one temperature, as a Python caller may give it
+            self.temperature = (self.temperature,)
+        self.temperature = tuple(float(t) for t in self.temperature)  # a list from JSON (the workers' options file)
+        super().__post_init__()
+
+    def answer_sets(self) -> list[RegenerationOptions]:
+        """The options of each set of answers, one per temperature in order: every conversation is answered once by
+        each."""
+        return [replace(self, temperature=(t,)) for t in self.temperature]
+
+    @property
+    def sampling_temperature(self) -> float:
+        """The temperature one set of answers is generated at (a generator's options: :meth:`answer_sets`)."""
+        if len(self.temperature) != 1:
+            raise ValueError(f"one set of answers has one temperature, not {self.temperature}: use answer_sets()")
+        return self.temperature[0]
 
 
 @dataclass

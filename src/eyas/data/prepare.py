@@ -280,9 +280,18 @@ def _fingerprint(options: PrepareOptions, tokenizer, template: str) -> dict:
             "draft_vocab_size": options.draft_vocab_size,
             "limit": options.limit,
             "regenerate": options.regenerate,
-            "regeneration": asdict(options.regeneration) if options.regenerate else None,
+            "regeneration": _regeneration_print(options.regeneration) if options.regenerate else None,
         },
     }
+
+
+def _regeneration_print(options) -> dict:
+    """The regeneration options as the fingerprint records them: one temperature as a number, as before several could
+    be given (a DATA_DIR prepared then is still the same data)."""
+    recorded = asdict(options)
+    if len(options.temperature) == 1:
+        recorded["temperature"] = options.temperature[0]
+    return recorded
 
 
 def _manifest(options: PrepareOptions, fingerprint: dict, stats: PrepareStats, vocab_size: int, draft_vocab: int,

@@ -77,6 +77,16 @@ def _read_journals(paths: list[Path], conversations: list[Conversation]) -> dict
     return finished
 
 
+def answer_set_dirs(out: Path, options: RegenerationOptions) -> list[tuple[Path, RegenerationOptions]]:
+    """Where each set of answers keeps its journals, with its options: one temperature's in ``out`` itself; with
+    several, each temperature's in its own folder ``out/regenerated-T{t}`` (a journal never resumes answers drawn at
+    another temperature)."""
+    sets = options.answer_sets()
+    if len(sets) == 1:
+        return [(Path(out), sets[0])]
+    return [(Path(out) / f"regenerated-T{one.sampling_temperature:g}", one) for one in sets]
+
+
 def regenerate_in_dir(
     conversations: list[Conversation],
     out: Path,
@@ -86,12 +96,27 @@ def regenerate_in_dir(
     progress: bool = True,
     chat_template: str | None = None,
 ) -> tuple[list[Conversation], RegenerationStats]:
-    """Regenerate what no journal in ``out`` holds yet; return every finished conversation in input order.
+    """Regenerate what no journal holds yet, at each of ``options``' temperatures (:func:`answer_set_dirs`); return
+    every finished conversation of each set in input order, set after set (a conversation's id once per set), and the
+    sets' statistics summed.
 
     ``workers`` > 1 (or None: one per visible GPU) runs that many worker processes, one per GPU; a
     server (``options.server``) or a single GPU runs in this process. ``chat_template``: the text the
     in-process target is prompted with instead of its tokenizer's (prepare's --chat-template).
     """
+    answered: list[Conversation] = []
+    each_set = []
+    for directory, one in answer_set_dirs(out, options):
+        done, stats = _regenerate_one_set(conversations, directory, target_spec, one, workers, progress, chat_template)
+        answered += done
+        each_set.append(asdict(stats))
+    return answered, _summed(each_set)
+
+
+def _regenerate_one_set(conversations: list[Conversation], out: Path, target_spec: str | None,
+                        options: RegenerationOptions, workers: int | None, progress: bool,
+                        chat_template: str | None) -> tuple[list[Conversation], RegenerationStats]:
+    """One temperature's answers: what no journal in ``out`` holds yet regenerated, every finished one returned."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     finished = read_finished(out, conversations)
@@ -180,11 +205,14 @@ def _follow(procs, journal_paths: list[Path], total: int, progress: bool) -> Non
 
 
 def _sum_stats(paths: list[Path]) -> RegenerationStats:
+    """The workers' statistics files summed (a worker that wrote none counts nothing)."""
+    return _summed([json.loads(path.read_text(encoding="utf-8")) for path in paths if path.exists()])
+
+
+def _summed(each: list[dict]) -> RegenerationStats:
+    """Several runs' statistics as one: counts added, the first MAX_FAILURES_KEPT failures kept."""
     total = RegenerationStats()
-    for path in paths:
-        if not path.exists():
-            continue
-        data = json.loads(path.read_text(encoding="utf-8"))
+    for data in each:
         for f in fields(RegenerationStats):
             if f.name == "failures":
                 total.failures.extend(data["failures"][: MAX_FAILURES_KEPT - len(total.failures)])
