@@ -198,6 +198,31 @@ def test_regeneration_at_several_temperatures_keeps_every_answer_set(tmp_path, t
     assert json.loads((both / "manifest.json").read_text())["stats"]["regeneration"]["conversations_resumed"] == 2 * 5
 
 
+def test_journals_answered_at_another_temperature_or_length_are_not_resumed(tmp_path, tiny_target):
+    """A DATA_DIR's journals record what their answers were generated with: a rerun asking for another temperature or
+    answer length (here with --force over a finished run) is refused in one line naming the folder and both settings,
+    before anything is resumed or generated; the same settings resume."""
+    source = write_dataset(tmp_path / "chats.jsonl", n=2)
+    out = tmp_path / "data"
+
+    def run(*extra):
+        return CliRunner().invoke(app, ["prepare", "--target", str(tiny_target), "--data", str(source), "--out", str(out),
+                                        "--holdout", "0", "--regenerate", "--max-new-tokens", "4", "--force", *extra])
+
+    assert run().exit_code == 0
+    assert json.loads((out / "regenerated-settings.json").read_text()) == {"temperature": 0.0, "max_new_tokens": 4}
+    journal = (out / "regenerated.jsonl").read_bytes()
+    for extra, said in ((["--temperature", "0.8"], "--temperature 0, --max-new-tokens 4, not --temperature 0.8, "
+                                                   "--max-new-tokens 4, --seed 0"),
+                        (["--max-new-tokens", "5"], "not --temperature 0, --max-new-tokens 5")):
+        refused = run(*extra)
+        assert refused.exit_code != 0 and said in " ".join(refused.output.split()), refused.output
+        assert "delete" in refused.output and (out / "regenerated.jsonl").read_bytes() == journal
+    again = run("--seed", "3")  # the seed does not shape greedy answers
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "manifest.json").read_text())["stats"]["regeneration"]["conversations_resumed"] == 3
+
+
 def test_a_regeneration_journal_is_data_as_it_is(tmp_path, tiny_target):
     """What was regenerated so far (a stopped run's journal) prepares into exactly the samples the
     finished run made, truncated answers included (no end-of-turn taught after them)."""

@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO
 
@@ -21,6 +21,8 @@ from eyas.data.conversation import Conversation, Turn
 from eyas.data.generators import Answer, GenerationError, HFGenerator, OpenAIServerGenerator, TurnGenerator
 from eyas.data.options import RegenerationOptions
 from eyas.errors import EyasError
+from eyas.flags import field_flag
+from eyas.io import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +245,40 @@ def _append(handle: IO[bytes], conversation: Conversation) -> None:
     handle.write((json.dumps(conversation.to_json(), ensure_ascii=False) + "\n").encode("utf-8"))
     handle.flush()
     os.fsync(handle.fileno())
+
+
+SETTINGS = "regenerated-settings.json"  # beside a folder's journals: what their answers were generated with
+
+
+def answer_settings(options: RegenerationOptions) -> dict:
+    """What shapes one set of answers (not how fast they come): its temperature, its length limit, and above T = 0
+    its seed."""
+    settings = {"temperature": options.sampling_temperature, "max_new_tokens": options.max_new_tokens}
+    if options.sampling_temperature > 0:
+        settings["seed"] = options.seed
+    return settings
+
+
+def claim_answer_settings(out: Path, options: RegenerationOptions, journaled: bool) -> None:
+    """The journals in ``out`` hold answers of one setting (:func:`answer_settings`): a run asking for another is
+    refused before it resumes them; the setting is recorded when the folder has no journal yet (one written before
+    the record existed is resumed as it is)."""
+    path, wanted = Path(out) / SETTINGS, answer_settings(options)
+    if path.exists():
+        try:
+            held = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise JournalError(f"{path} is unreadable ({err}); delete it to resume the journals beside it") from err
+        if held != wanted:
+            flags = {f.name: field_flag(f) for f in fields(RegenerationOptions)}
+
+            def said(settings: dict) -> str:
+                return ", ".join(f"{flags.get(key, key)} {value:g}" for key, value in settings.items())
+            raise JournalError(f"the journals in {out} hold answers generated with {said(held)}, not {said(wanted)}: "
+                               f"rerun with those options to resume them, or delete {out}/regenerated*.jsonl and "
+                               f"{SETTINGS} to answer again")
+    elif not journaled:
+        write_json_atomic(path, wanted)
 
 
 def check_journal_matches(journal: Path, finished: dict[str, Conversation], conversations: list[Conversation]) -> None:

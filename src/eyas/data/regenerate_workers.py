@@ -27,6 +27,7 @@ from eyas.data.regenerate import (
     RegenerationOptions,
     RegenerationStats,
     check_journal_matches,
+    claim_answer_settings,
     make_generator,
     parse_journal,
     regenerate,
@@ -119,6 +120,7 @@ def _regenerate_one_set(conversations: list[Conversation], out: Path, target_spe
     """One temperature's answers: what no journal in ``out`` holds yet regenerated, every finished one returned."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    claim_answer_settings(out, options, journaled=bool(journals(out)))
     finished = read_finished(out, conversations)
     todo = [c for c in conversations if c.id not in finished]
     gpus = [] if options.server else worker_gpus(workers)
