@@ -11,6 +11,10 @@ bench's own loop (eyas.bench.run.run_bench: plain, then each chain) at T = 0, an
 
 --no-compile: the answers and the measurement both on CUDA graphs without torch.compile (bench's --no-compile), which
 saves the compile warm-up; the prediction holds for whichever variant answers and measures, as long as it is the same.
+
+--predicted RUN_DIR: no prediction here; the rows are what that `eyas train --predict` run reported (its report.json,
+what its drafter's card says), each measured on the same prompts (its --predict datasets and --predict-prompts; --data:
+the run's DATA_DIR, as a copy on this machine) at each of its answer lengths. --draft is that run exported.
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ def main() -> None:
                         help="the answer lengths to measure (default: every --tokens; '' none: the answers only)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", help="bf16, fp32 or auto (bench's --dtype)")
+    parser.add_argument("--predicted", type=Path, help="RUN_DIR of eyas train --predict: measure what it predicted")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -116,12 +121,21 @@ def main() -> None:
     from eyas.families.eagle3.load import load_drafter
 
     device = torch.device(args.device)
+    if args.predicted:  # the prompts the run predicted for: its datasets, its --predict-prompts
+        run_options = json.loads((args.predicted / "train_options.json").read_text())
+        args.datasets, args.prompts = ",".join(run_options["predict"]), run_options["predict_prompts"]
     target = load_target_for(args.draft, args.target, device=args.device, dtype=args.dtype)
     prompts, dropped = load_prompts(args.datasets.split(","), target.tokenizer, args.data, args.prompts, MAX_PROMPT_TOKENS)
-    drafter = load_drafter(args.draft, target.layout.embed.weight.detach(), target.layout.num_layers, device=device,
-                           dtype=torch.float32)
-    rows, decoder, seconds = predicted(target, drafter, prompts, args, device)
-    del drafter
+    if args.predicted:  # the run's own prediction, as its card carries it
+        final = json.loads((args.predicted / "report.json").read_text())["final_eval"]
+        rows, decoder, seconds = final["predicted"], final.get("predicted_by"), 0.0
+        args.tokens = sorted({r["max_new_tokens"] for r in rows})
+        args.modes = ",".join(dict.fromkeys(r["mode"] for r in rows))
+    else:
+        drafter = load_drafter(args.draft, target.layout.embed.weight.detach(), target.layout.num_layers, device=device,
+                               dtype=torch.float32)
+        rows, decoder, seconds = predicted(target, drafter, prompts, args, device)
+        del drafter
     for row in rows:
         print(f"predicted {row['dataset']:<17} {row['mode']:<8} T {row['temperature']:g} {row['max_new_tokens']:>4}: "
               f"{row['tau']:.3f}", flush=True)

@@ -147,6 +147,9 @@ def test_training_predicts_the_tau_bench_measures(tmp_path, monkeypatch):
     """eyas train --predict on a tiny target: its final evaluation's greedy chains are what eyas bench's engine
     measures with the exported drafter (fp32) on the same prompts, τ for τ; drawn chains are reported beside them. A
     second run on the same target reads the answers back from the eyas cache instead of decoding them again."""
+    import json
+    from pathlib import Path
+
     import zoo
     from eyas.bench.run import run_bench
     from eyas.data.benchmarks import load_prompts
@@ -187,6 +190,21 @@ def test_training_predicts_the_tau_bench_measures(tmp_path, monkeypatch):
         for result in measured[1:]:
             row = next(r for r in greedy if r["mode"] == result.mode and r["max_new_tokens"] == tokens)
             assert row["tau"] == pytest.approx(result.tau, abs=1e-9), (row, result.tau)
+    engine.target_runner.close()
+
+    # benchmarks/predict_vs_bench.py --predicted RUN_DIR: the run's own predictions (its card's) against bench's loop
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import predict_vs_bench
+
+    monkeypatch.setattr("sys.argv", ["predict_vs_bench.py", "--target", str(target), "--draft", str(tmp_path / "draft"),
+                                     "--data", str(data), "--predicted", str(tmp_path / "run"), "--seeds", "1",
+                                     "--device", "cpu", "--dtype", "fp32", "--no-compile", "--out", str(tmp_path / "pvb.json")])
+    predict_vs_bench.main()
+    compared = json.loads((tmp_path / "pvb.json").read_text())["rows"]
+    assert len(compared) == len(rows) and {r["tau"] for r in compared} == {r["tau"] for r in rows}
+    for row in (r for r in compared if r["temperature"] == 0.0):
+        assert row["bench"] == pytest.approx(row["tau"], abs=1e-9), row
+    assert all(r["bench"] > 1 for r in compared if r["temperature"] > 0)  # drawn chains measured too
 
 
 @pytest.mark.parametrize("flags, said", [
