@@ -3,13 +3,14 @@
     python benchmarks/make_release.py DRAFT_DIR --name NAME [--bench REPORT ...]
         --metrics METRICS_JSONL --data 'what it was trained on' --command 'the training command'
         --commit COMMIT --machine 'one H200' --date 2026-12-04 [--holdout-tau holdout_tau.json] [--notes 'one paragraph']
-        [--releases releases]
+        [--predict-vs-bench pvb.json ...] [--releases releases]
 
 DRAFT_DIR is what ``eyas export --dtype bf16`` wrote (config.json, model.safetensors, README.md, manifest.json). The
 release is releases/NAME/ with the same files: config.json, model.safetensors and manifest.json as exported, README.md
 replaced by the release's card (target, data, command, commit, machine, date, the holdout evaluation from
-``metrics.jsonl``, every bench report's τ table, and how to run it with eyas and vLLM from a fresh clone). The export
-manifest's record of README.md is updated to the card, so ``eyas check releases/NAME`` still finds every file as
+``metrics.jsonl``, every bench report's τ table, the τ the run predicted (``eyas train --predict``: the report.json
+beside ``metrics.jsonl``) and, with --predict-vs-bench, bench's τ beside it, and how to run it with eyas and vLLM from
+a fresh clone). The export manifest's record of README.md is updated to the card, so ``eyas check releases/NAME`` still finds every file as
 recorded; then releases/MANIFEST.sha256 is rewritten over every file under releases/ (``sha256sum -c`` reads it).
 Refuses weights that are not bf16 (the release keeps no fp32 copies). Without --bench the card says the drafter is not
 benched yet (a drafter is released as soon as it exists; run again with --bench to add the tables).
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from eyas.export.check import check_draft_dir
 from eyas.export.files import read_shapes
+from eyas.families.eagle3.card import predicted
 from eyas.io import write_json_atomic
 from eyas.releases import MANIFEST, write_manifest
 
@@ -58,13 +60,30 @@ def tau_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def checked_prediction(rows: list[dict]) -> str:
+    """benchmarks/predict_vs_bench.py's rows (training's prediction beside bench's measurement) as a markdown table."""
+    lines = ["| dataset | mode | T | tokens | predicted | measured | difference |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        measured = r.get("bench")
+        lines.append(f"| {r['dataset']} | {r['mode']} | {r['temperature']:g} | {r['max_new_tokens']} | {r['tau']:.3f} | "
+                     + (f"{measured:.3f} | {100 * (r['tau'] / measured - 1):+.1f} % |" if measured else "— | — |"))
+    return "\n".join(lines)
+
+
 def card(name: str, config: dict, args: argparse.Namespace, evaluation: dict, step: int, tokens: int,
-         reports: list[dict], holdout_rows: list[dict] = ()) -> str:
+         reports: list[dict], holdout_rows: list[dict] = (), final: dict | None = None,
+         checked: list[dict] = ()) -> str:
     acceptance = ", ".join(f"{a:.3f}" for a in evaluation.get("acceptance_cumulative", []))
     speculative = json.dumps({"method": "eagle3", "model": f"releases/{name}", "num_speculative_tokens": 5})
     tables = "\n\n".join(tau_table(report) for report in reports) or (
         "Not benched yet: `benchmarks/release_h200.sh bench` measures it, and this card is remade with its reports.")
     notes = f"\n{args.notes}\n" if args.notes else ""
+    # the run's own prediction (eyas train --predict), as the exported card gives it, and where measured, beside bench
+    foretold = predicted(final or {})
+    if checked and foretold:
+        foretold += ("\n\nAgainst `eyas bench`'s loop on the same prompts (`benchmarks/predict_vs_bench.py "
+                     "--predicted`):\n\n" + checked_prediction(checked))
     layers = config.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids", "engine defaults")
     drafter = (f"1 Llama layer, hidden {config['hidden_size']}, draft vocabulary {config['draft_vocab_size']} of "
                f"{config['vocab_size']}, target layers {layers}")
@@ -91,6 +110,7 @@ load; `eyas check releases/{name}` checks it against that contract.
 ## Measured
 
 {tables}
+{foretold}
 
 ## Run it (from a fresh clone)
 
@@ -123,6 +143,10 @@ def main() -> None:
     for flag in ("--data", "--command", "--commit", "--machine", "--date"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--holdout-tau", type=Path, help="benchmarks/holdout_tau.py's --out JSON: rows for the card")
+    parser.add_argument("--predict-vs-bench", type=Path, action="append", default=[],
+                        help="benchmarks/predict_vs_bench.py --predicted's --out JSON (repeatable, e.g. one a length): "
+                             "the run's predicted τ beside bench's on the card (the prediction itself comes from the "
+                             "report.json beside --metrics)")
     parser.add_argument("--notes", default="")
     parser.add_argument("--releases", type=Path, default=Path(__file__).resolve().parent.parent / "releases")
     args = parser.parse_args()
@@ -142,7 +166,10 @@ def main() -> None:
     for name in FILES:
         shutil.copyfile(args.draft / name, out / name)
     holdout_rows = json.loads(args.holdout_tau.read_text())["rows"] if args.holdout_tau else []
-    text = card(args.name, config, args, evaluation, step, tokens, reports, holdout_rows)
+    run_report = args.metrics.parent / "report.json"
+    final = json.loads(run_report.read_text()).get("final_eval") if run_report.is_file() else None
+    checked = [row for path in args.predict_vs_bench for row in json.loads(path.read_text())["rows"]]
+    text = card(args.name, config, args, evaluation, step, tokens, reports, holdout_rows, final, checked)
     (out / "README.md").write_text(text)
     manifest = json.loads((out / "manifest.json").read_text())
     for record in manifest.get("outputs", []):

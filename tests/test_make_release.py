@@ -82,3 +82,28 @@ def test_a_partial_bench_is_marked_under_its_own_heading(run_dir, tmp_path, monk
 
     assert under("`eyas bench` at T = 0.0").startswith("| dataset |")
     assert under("`eyas bench` at T = 1.0").startswith("**Partial**: interrupted (SIGTERM) after 24 of 30 prompts")
+
+
+def test_the_card_carries_the_runs_prediction_and_benchs_measurement_beside_it(run_dir, tmp_path, monkeypatch):
+    """The τ the run predicted (eyas train --predict: its report.json beside metrics.jsonl) is on the release's card,
+    as on the exported one; with --predict-vs-bench, bench's τ on the same prompts beside each prediction."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    rows = [{"dataset": "mt-bench", "mode": "chain:5", "temperature": t, "max_new_tokens": 256, "prompts": 10, "tau": tau}
+            for t, tau in ((0.0, 2.0), (1.0, 1.5))]
+    report = json.loads((run / "report.json").read_text())
+    report["final_eval"] = {**report["final_eval"], "predicted": rows, "predicted_by": "compile+lean"}
+    (run / "report.json").write_text(json.dumps(report))
+    measured = tmp_path / "pvb-256.json"
+    measured.write_text(json.dumps({"rows": [{**rows[0], "bench": 2.05}, {**rows[1], "bench": 1.5}]}))
+    export_run(run_dir, tmp_path / "draft", "bf16")
+    releases = tmp_path / "releases"
+    args = common(run, releases)
+    make_release(monkeypatch, tmp_path / "draft", "--name", "foretold", *args, "--predict-vs-bench", measured)
+    card = (releases / "foretold" / "README.md").read_text()
+    assert "## The τ eyas bench will measure" in card and "compile+lean" in card
+    assert "| mt-bench | chain:5 | 0 | 256 | 2.000 | 2.050 | -2.4 % |" in card
+    assert "| mt-bench | chain:5 | 1 | 256 | 1.500 | 1.500 | +0.0 % |" in card
+    assert check_draft_dir(releases / "foretold").ok

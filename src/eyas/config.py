@@ -249,7 +249,7 @@ def _suggest(key: str, known) -> str:
 def spelled_for_run(message: str, stage: str) -> str:
     """A stage's message as ``eyas run`` reads it: a boolean flag of that stage (``--force``, ``--no-verify``)
     becomes the override that sets it (``--set train.force=true``), since eyas run takes no stage flags."""
-    from eyas.flags import field_flag
+    from eyas.options import field_flag
 
     for f in dataclasses.fields(STAGES[stage].options):
         if f.type not in (bool, "bool"):

@@ -19,6 +19,7 @@ from typing import Any, Union
 import typer
 
 from eyas.errors import EyasError, OptionError
+from eyas.options import field_flag
 
 
 def command(app: typer.Typer, *classes: type, name: str | None = None, loose: bool = False) -> Callable:
@@ -124,11 +125,6 @@ def _parameter(f: dataclasses.Field, hint: Any, loose: bool) -> Any:
         return typer.Argument(default, help=text)
     return typer.Option(default, field_flag(f), help=text, callback=parse,
                         default_factory=factory, show_default=factory is None)  # a computed default: the help says it
-
-
-def field_flag(f: dataclasses.Field) -> str:
-    """A field's flag: its ``option(flag=...)`` (a bool pair ``--x/--no-x``), else ``--name`` with dashes."""
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
 def _tuple_parser(kind: Any, flag: str, check: Any = None) -> Callable:

@@ -113,6 +113,11 @@ def field_problem(f: dataclasses.Field, value: Any) -> str | None:
     return None if check is None else check.problem(value)
 
 
+def field_flag(f: dataclasses.Field) -> str:
+    """A field's flag: its ``option(flag=...)`` (a bool pair ``--x/--no-x``), else ``--name`` with dashes."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
 def option(default: Any = MISSING, help: str = "", *, flag: str | None = None, positional: bool = False,
            factory: Callable[[], Any] | None = None, check: Check | None = None) -> Any:
     """A dataclass field: its default (none = required; ``factory`` = computed), help, flag if not ``--name``,

@@ -21,7 +21,7 @@ from eyas.data.conversation import Conversation, Turn
 from eyas.data.generators import Answer, GenerationError, HFGenerator, OpenAIServerGenerator, TurnGenerator
 from eyas.data.options import RegenerationOptions
 from eyas.errors import EyasError
-from eyas.flags import field_flag
+from eyas.options import field_flag
 from eyas.io import write_json_atomic
 
 log = logging.getLogger(__name__)

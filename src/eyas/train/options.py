@@ -106,7 +106,7 @@ def _checked(options) -> None:
     --drafter's read given a value of its own (:func:`eyas.families.unread_refusal`), nor a stream's without --stream:
     it would be ignored."""
     Options.__post_init__(options)
-    from eyas.flags import field_flag
+    from eyas.options import field_flag
 
     refusal = families.unread_refusal(options.drafter, vars(options), lambda f: field_flag(f).split("/")[0],
                                       lambda name: f"--drafter {name}")

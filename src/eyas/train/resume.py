@@ -181,7 +181,7 @@ def _data_change(old: dict, new: dict, out: Path) -> dict:
 
 
 def _refusal(out: Path, name: str, old, new) -> str:
-    from eyas.flags import field_flag
+    from eyas.options import field_flag
 
     flags = {f.name: field_flag(f).split("/")[0] for f in dataclasses.fields(TrainOptions)}
     allowed = ", ".join(flags[n] for n in sorted(RESUMABLE - {"out"}))
