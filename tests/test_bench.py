@@ -263,3 +263,72 @@ def test_samples_pool_each_prompts_draws_at_consecutive_seeds_and_count_the_prom
     assert (drawn.rounds, drawn.accepted) == (rounds, accepted)
     assert len(drawn.outputs) == len(drawn.prompt_rates) == 2  # a prompt's first seed's: what engines compare with
     assert len(rows[("chain:3", 0.0)].outputs) == 2 and rows[("chain:3", 0.0)].matches_plain == 2
+
+
+def long_holdout(directory):
+    """A DATA_DIR whose held-out conversations have histories of 250, 1,400 and 2,900 tokens before their last answer
+    (a second answer set of the first, and two with no prompt before an answer), as `eyas prepare` writes them."""
+    from pathlib import Path
+
+    from eyas.data.vocab import build_draft_vocab, save_vocab
+
+    directory = Path(directory)
+    rng = np.random.default_rng(0)
+
+    def sample(sample_id, runs):  # runs: (prompt tokens, answer tokens), … in order
+        mask = np.concatenate([np.r_[np.zeros(p, np.uint8), np.ones(a, np.uint8)] for p, a in runs])
+        return Sample(sample_id, rng.integers(1, zoo.VOCAB, size=len(mask)).astype(np.int32), mask)
+
+    held = [sample("short", [(100, 50), (100, 40)]), sample("short#2", [(100, 60), (100, 40)]),
+            sample("mid", [(600, 400), (400, 30)]), sample("long", [(1000, 900), (1000, 20)]),
+            sample("none", [(0, 30)]), sample("silent", [(40, 0)])]
+    write_samples(held, directory / "holdout.parquet")
+    write_samples([sample("train-0", [(10, 10)])], directory / "train.parquet")
+    save_vocab(build_draft_vocab(np.ones(zoo.VOCAB, np.int64), 100), directory / "vocab.safetensors")
+    (directory / "manifest.json").write_text(json.dumps({"format": "eyas-data/1"}))
+    return directory
+
+
+def test_long_prompts_are_each_conversations_history_by_length_bucket(tmp_path):
+    """sharegpt-long: each held-out conversation once, its prompt everything before its last answer, labelled by the
+    bucket that holds its length, buckets in order of length; --prompts counts per bucket; prompts longer than the
+    target's window leaves room for are dropped under their own reason, those with no prompt before an answer too."""
+    from eyas.data.benchmarks import NO_PROMPT, TOO_LONG_FOR_WINDOW, length_bucket
+
+    data = long_holdout(tmp_path / "data")
+    samples = {s.id: s for s in read_samples(data / "holdout.parquet")}
+    prompts, dropped = load_prompts(["sharegpt-long"], None, data, None, 1024, long_prompt_tokens=2000)
+    assert [(p.dataset, p.id, len(p.input_ids)) for p in prompts] == [("sharegpt-long:1k", "short", 250),
+                                                                     ("sharegpt-long:2k", "mid", 1400)]
+    assert prompts[1].input_ids == samples["mid"].input_ids[:1400].tolist()
+    assert dropped[TOO_LONG_FOR_WINDOW] == 1 and dropped[NO_PROMPT] == 2 and dropped["longer than max prompt tokens"] == 0
+    everything, _ = load_prompts(["sharegpt-long", "sharegpt-holdout"], None, data, 1, 1024, long_prompt_tokens=4000)
+    assert [p.dataset for p in everything] == ["sharegpt-long:1k", "sharegpt-long:2k", "sharegpt-long:4k",
+                                               "sharegpt-holdout"]  # --prompts 1: one a bucket
+    assert [length_bucket(n) for n in (1, 1024, 1025, 2048, 2049, 8192, 8193)] == [
+        "sharegpt-long:1k", "sharegpt-long:1k", "sharegpt-long:2k", "sharegpt-long:2k", "sharegpt-long:4k",
+        "sharegpt-long:8k", "sharegpt-long:16k"]
+
+
+def test_bench_reports_each_length_bucket_of_long_prompts(setup, tmp_path):
+    """eyas bench --dataset sharegpt-long on a target with a 4,096-token window: a row per length bucket, greedy
+    speculation equal to plain decoding in each; with answers too long for the longest history to fit, the window's
+    bound is said in one line."""
+    root, _, _ = setup
+    target = zoo.save_llama(tmp_path / "target", max_position_embeddings=4096)
+    data = long_holdout(tmp_path / "data")
+
+    def bench(new_tokens):
+        return CliRunner().invoke(app, ["bench", "--target", target, "--draft", str(root / "draft"), "--out",
+                                        str(tmp_path / f"report-{new_tokens}"), "--dataset", "sharegpt-long", "--data",
+                                        str(data), "--mode", "chain:3", "--max-new-tokens", str(new_tokens),
+                                        "--temperature", "0", "--device", "cpu", "--dtype", "fp32"])
+
+    result = bench(6)
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "report-6" / "report.json").read_text())["rows"]
+    assert [(r["dataset"], r["prompts"], r["matches_plain"]) for r in rows] == [
+        ("sharegpt-long:1k", 1, 1), ("sharegpt-long:2k", 1, 1), ("sharegpt-long:4k", 1, 1)]
+    refused = bench(4000)
+    assert refused.exit_code != 0
+    assert "longer than the target's window leaves room for beside --max-new-tokens 4000" in " ".join(refused.output.split())

@@ -43,7 +43,10 @@ class BenchOptions(EngineOptions):
     draft: Path | None = option(None, "DRAFT_DIR: eyas', SpecForge's, EAGLE's or speculators' layout (needed by the "
                                 "engines; a --server runs its own)")
     datasets: tuple[str, ...] = option(("mt-bench", "humaneval", "sharegpt-holdout"),
-                                       "comma-separated: mt-bench, humaneval, sharegpt-holdout (needs --data)", flag="--dataset",
+                                       "comma-separated: mt-bench, humaneval, sharegpt-holdout (needs --data), "
+                                       "sharegpt-long (needs --data: each held-out conversation's whole history before "
+                                       "its last answer, reported by length bucket :1k, :2k, :4k, :8k …, as long as "
+                                       "the target's window allows)", flag="--dataset",
                                        check=each(one_of(*DATASETS)))
     data: Path | None = option(None, "DATA_DIR: its holdout for sharegpt-holdout; its training prompts are kept out of "
                                "every benchmark")
@@ -53,7 +56,8 @@ class BenchOptions(EngineOptions):
                         flag="--mode",
                         check=Check(parse_modes, "one or more of " + MODE_SPELLING, shown=False))
     prompts: int | None = option(None, "the first N prompts of each dataset (all if not given)", check=at_least(1))
-    max_prompt_tokens: int = option(MAX_PROMPT_TOKENS, "longer prompts are skipped and counted", check=at_least(1))
+    max_prompt_tokens: int = option(MAX_PROMPT_TOKENS, "longer prompts are skipped and counted (not sharegpt-long's: "
+                                    "they are as long as the target's window leaves room for)", check=at_least(1))
     repeats: int = option(1, "decode each prompt this many times per decoder, taking turns; each prompt's median time "
                           "counts (steadier speedups on a busy machine)", check=at_least(1))
     samples: int = option(1, "at T > 0, decode each prompt this many times per decoder, at seeds --seed … --seed + N − 1, "

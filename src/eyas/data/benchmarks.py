@@ -6,6 +6,10 @@ its FastChat copy holds ``question.jsonl``), HumanEval's 164 problems from ``hum
 conversation, exactly as prepared). Each prompt is the first user turn rendered with the target's
 chat template (or ``--chat-template``'s) and its generation prompt. When DATA_DIR is given, prompts that also open a
 training conversation are dropped and counted: benchmark prompts are never training data.
+
+``sharegpt-long`` measures long contexts: each held-out conversation's whole history before its last answer (every
+earlier turn, answers included, as prepared), reported by length bucket (``sharegpt-long:1k`` up to 1,024 tokens,
+``:2k`` up to 2,048, then 4k, 8k, …); as long as DATA_DIR's samples are (``eyas prepare --max-length``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from pathlib import Path
 from eyas.data.render import chat_ids, chat_template_for
 from eyas.errors import EyasError
 
-DATASETS = ("mt-bench", "humaneval", "sharegpt-holdout")
+DATASETS = ("mt-bench", "humaneval", "sharegpt-holdout", "sharegpt-long")
+PREPARED = ("sharegpt-holdout", "sharegpt-long")  # read from DATA_DIR as prepared: no chat template applied here
+LONG = "sharegpt-long"
 MAX_PROMPT_TOKENS = 1024  # bench's --max-prompt-tokens (and --predict's): longer prompts are skipped and counted
 
 
@@ -69,7 +75,8 @@ def prompt_part(sample) -> list[int] | None:
     return sample.input_ids[: masked[0]].tolist() if len(masked) else None
 
 
-NO_PROMPT = "no prompt before its answer"  # a held-out conversation whose first token is already an answer's
+NO_PROMPT = "no prompt before its answer"
+TOO_LONG_FOR_WINDOW = "longer than the target's window leaves room for"  # a sharegpt-long prompt  # a held-out conversation whose first token is already an answer's
 
 
 def holdout_prompts(data_dir: Path | None, dropped: dict[str, int] | None = None) -> list[Prompt]:
@@ -94,6 +101,48 @@ def holdout_prompts(data_dir: Path | None, dropped: dict[str, int] | None = None
     return prompts
 
 
+def history_part(sample) -> list[int] | None:
+    """A prepared sample's ids before its last answer (its last run of loss-masked tokens), or None without one."""
+    mask = sample.loss_mask
+    masked = mask.nonzero()[0]
+    if not len(masked):
+        return None
+    starts = [int(i) for i in masked if i == 0 or not mask[i - 1]]
+    return sample.input_ids[: starts[-1]].tolist() or None
+
+
+def length_bucket(tokens: int) -> str:
+    """The bucket a long prompt is reported in: ``sharegpt-long:Nk``, the smallest N of 1, 2, 4, 8, … that holds it."""
+    size = 1
+    while size * 1024 < tokens:
+        size *= 2
+    return f"{LONG}:{size}k"
+
+
+def long_prompts(data_dir: Path | None, dropped: dict[str, int] | None = None) -> list[Prompt]:
+    """Each held-out conversation's history before its last answer, once per conversation, labelled by its length
+    bucket (:func:`length_bucket`), the buckets in order of length; a conversation with no prompt before an answer is
+    counted in ``dropped`` (under :data:`NO_PROMPT`) when given."""
+    from eyas.data.samples import conversation_of, read_samples
+
+    path = Path(data_dir) / "holdout.parquet" if data_dir else None
+    if path is None or not path.is_file():
+        raise EyasError(f"{path or 'DATA_DIR/holdout.parquet'} is missing: {LONG} needs --data DATA_DIR from "
+                        "`eyas prepare`")
+    prompts, seen, without = [], set(), 0
+    for sample in read_samples(path):
+        if (conversation := conversation_of(sample.id)) in seen:
+            continue
+        seen.add(conversation)
+        if ids := history_part(sample):
+            prompts.append(Prompt(length_bucket(len(ids)), sample.id, ids))
+        else:
+            without += 1
+    if dropped is not None:
+        dropped[NO_PROMPT] = dropped.get(NO_PROMPT, 0) + without
+    return sorted(prompts, key=lambda p: int(p.dataset.rsplit(":", 1)[1][:-1]))  # stable: read order within a bucket
+
+
 def training_openings(data_dir: Path) -> set[tuple[int, ...]]:
     """The prompt part of every training conversation, to keep benchmark prompts out of training."""
     from eyas.data.samples import read_samples
@@ -102,9 +151,11 @@ def training_openings(data_dir: Path) -> set[tuple[int, ...]]:
 
 
 def load_prompts(datasets: list[str], tokenizer, data_dir: Path | None, limit: int | None,
-                 max_prompt_tokens: int, template: str | None = None) -> tuple[list[Prompt], dict[str, int]]:
-    """Prompts per dataset (the first ``limit`` of each), and how many were dropped and why; MT-bench and HumanEval
-    are rendered with ``template`` (a --chat-template file's text) or the tokenizer's own."""
+                 max_prompt_tokens: int, template: str | None = None,
+                 long_prompt_tokens: int | None = None) -> tuple[list[Prompt], dict[str, int]]:
+    """Prompts per dataset (the first ``limit`` of each; of each length bucket for sharegpt-long), and how many were
+    dropped and why; MT-bench and HumanEval are rendered with ``template`` (a --chat-template file's text) or the
+    tokenizer's own. sharegpt-long's prompts are bounded by ``long_prompt_tokens`` (default ``max_prompt_tokens``)."""
     unknown = [d for d in datasets if d not in DATASETS]
     if unknown:
         raise EyasError(f"unknown dataset {unknown}; choose from {', '.join(DATASETS)}")
@@ -113,6 +164,8 @@ def load_prompts(datasets: list[str], tokenizer, data_dir: Path | None, limit: i
     for name in datasets:
         if name == "sharegpt-holdout":
             rows = holdout_prompts(data_dir, dropped)
+        elif name == LONG:
+            rows = long_prompts(data_dir, dropped)
         else:
             source = mt_bench_questions() if name == "mt-bench" else humaneval_problems()
             rows = [Prompt(name, key, render(tokenizer, text, template)) for key, text in source]
@@ -121,8 +174,10 @@ def load_prompts(datasets: list[str], tokenizer, data_dir: Path | None, limit: i
     kept: list[Prompt] = []
     per_dataset: dict[str, int] = {}
     for prompt in prompts:
-        if len(prompt.input_ids) > max_prompt_tokens:
-            dropped["longer than max prompt tokens"] += 1
+        windowed = bool(long_prompt_tokens) and prompt.dataset.startswith(LONG)
+        if len(prompt.input_ids) > (long_prompt_tokens if windowed else max_prompt_tokens):
+            reason = TOO_LONG_FOR_WINDOW if windowed else "longer than max prompt tokens"
+            dropped[reason] = dropped.get(reason, 0) + 1
         elif tuple(prompt.input_ids) in seen_training:
             dropped["also a training prompt"] += 1
         elif limit is None or per_dataset.get(prompt.dataset, 0) < limit:
