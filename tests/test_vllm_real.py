@@ -193,6 +193,38 @@ def test_bench_in_real_vllm_agrees_with_eyas_and_quotes_a_refusal(root):
 
 
 
+def test_long_prompts_are_benched_by_length_bucket_in_real_vllm_as_in_eyas(root):
+    """`eyas bench --dataset sharegpt-long --engine eyas,vllm` on a target with a 4,096-token window: histories of
+    250, 1,400 and 2,900 tokens, each engine's τ reported per length bucket, the greedy answers of the two engines
+    equal, plain and speculative."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from test_bench import long_holdout
+
+    target = root / "llama-4k"
+    if not target.is_dir():
+        torch.manual_seed(0)
+        LlamaForCausalLM(LlamaConfig(hidden_size=WIDTH, intermediate_size=256, num_hidden_layers=LAYERS,
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=zoo.VOCAB,
+                                     max_position_embeddings=4096, pad_token_id=0)).float().eval().save_pretrained(target)
+    draft = _eagle3_drafter(root / "draft-llama")
+    out = root / "bench-long"
+    done = _eyas("bench", "--target", str(target), "--draft", str(draft), "--out", str(out), "--engine", "eyas,vllm",
+                 "--vllm-python", _vllm_python(), "--dataset", "sharegpt-long", "--data", str(long_holdout(root / "long")),
+                 "--mode", "chain:2", "--concurrency", "1", "--max-new-tokens", "8", "--temperature", "0",
+                 "--device", "cpu", "--dtype", "fp32")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    buckets = ["sharegpt-long:1k", "sharegpt-long:2k", "sharegpt-long:4k"]
+    assert [r["dataset"] for r in report["rows"]] == buckets
+    chain = next(r for r in report["engines"]["rows"] if r["mode"] == "chain:2")
+    assert sorted(chain["tau_by_dataset"]) == buckets
+    compared = report["engines"]["comparison"]
+    assert {(r["mode"], r["dataset"]) for r in compared} == {(m, b) for m in ("plain", "chain:2") for b in buckets}
+    for row in compared:  # one prompt a bucket
+        assert row["equal_outputs"] == row["prompts"] == 1, row
+
+
 def _trained_eagle31(target: str, data: Path, out: Path, steps: int = 1500) -> Path:
     """An EAGLE-3.1 drafter (fc_norm, norm_output) trained a few seconds by the training-time test on the target's own
     greedy answers to DATA_DIR's held-out prompts, the ones bench asks (so that drafts are accepted often enough for
