@@ -310,25 +310,60 @@ def test_long_prompts_are_each_conversations_history_by_length_bucket(tmp_path):
         "sharegpt-long:8k", "sharegpt-long:16k"]
 
 
-def test_bench_reports_each_length_bucket_of_long_prompts(setup, tmp_path):
+def test_bench_reports_each_length_bucket_of_long_prompts(setup, tmp_path, monkeypatch):
     """eyas bench --dataset sharegpt-long on a target with a 4,096-token window: a row per length bucket, greedy
-    speculation equal to plain decoding in each; with answers too long for the longest history to fit, the window's
-    bound is said in one line."""
+    speculation equal to plain decoding in each, each bucket decoded over a cache of its own lengths (the other
+    datasets sharing one); with answers too long for the longest history to fit, the window's bound is said in one
+    line."""
+    import eyas.engine.loading
+
     root, _, _ = setup
     target = zoo.save_llama(tmp_path / "target", max_position_embeddings=4096)
     data = long_holdout(tmp_path / "data")
+    capacities = []
+    load = eyas.engine.loading.load_engine
+    monkeypatch.setattr(eyas.engine.loading, "load_engine", lambda *a, **k: capacities.append(a[2]) or load(*a, **k))
 
-    def bench(new_tokens):
+    def bench(new_tokens, datasets="sharegpt-long"):
         return CliRunner().invoke(app, ["bench", "--target", target, "--draft", str(root / "draft"), "--out",
-                                        str(tmp_path / f"report-{new_tokens}"), "--dataset", "sharegpt-long", "--data",
+                                        str(tmp_path / f"report-{new_tokens}"), "--dataset", datasets, "--data",
                                         str(data), "--mode", "chain:3", "--max-new-tokens", str(new_tokens),
                                         "--temperature", "0", "--device", "cpu", "--dtype", "fp32"])
 
-    result = bench(6)
+    result = bench(6, "sharegpt-holdout,sharegpt-long")
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "report-6" / "report.json").read_text())["rows"]
     assert [(r["dataset"], r["prompts"], r["matches_plain"]) for r in rows] == [
-        ("sharegpt-long:1k", 1, 1), ("sharegpt-long:2k", 1, 1), ("sharegpt-long:4k", 1, 1)]
+        ("sharegpt-holdout", 3, 3), ("sharegpt-long:1k", 1, 1), ("sharegpt-long:2k", 1, 1), ("sharegpt-long:4k", 1, 1)]
+    # one cache for the first turns' prompts (up to 1,000 tokens), one per bucket: prompt + answer + drafts + 1
+    assert capacities == [n + 6 + 3 + 1 for n in (1000, 250, 1400, 2900)]
     refused = bench(4000)
     assert refused.exit_code != 0
     assert "longer than the target's window leaves room for beside --max-new-tokens 4000" in " ".join(refused.output.split())
+
+
+def test_long_buckets_interrupted_between_caches_report_what_was_measured(setup, tmp_path, monkeypatch):
+    """Ctrl-C after the first bucket's cache measured its prompts, before the next one's: a partial report of the
+    buckets measured, saying which was not, exit status 130."""
+    import eyas.bench.run
+
+    root, _, _ = setup
+    target = zoo.save_llama(tmp_path / "target", max_position_embeddings=4096)
+    real, calls = eyas.bench.run.run_bench, []
+
+    def stopped(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(eyas.bench.run, "run_bench", stopped)
+    result = CliRunner().invoke(app, ["bench", "--target", target, "--draft", str(root / "draft"), "--out",
+                                      str(tmp_path / "report"), "--dataset", "sharegpt-long", "--data",
+                                      str(long_holdout(tmp_path / "data")), "--mode", "chain:3", "--max-new-tokens", "4",
+                                      "--temperature", "0", "--device", "cpu", "--dtype", "fp32"])
+    assert result.exit_code == 130, result.output
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["partial"] == "interrupted (Ctrl-C) before sharegpt-long:2k was measured"
+    assert [r["dataset"] for r in report["rows"]] == ["sharegpt-long:1k"]
+    assert not (tmp_path / "report" / "manifest.json").exists()

@@ -78,6 +78,16 @@ class BenchResult:
         return 128 + self.stopped_by if self.partial else 0
 
 
+def merged_results(results: list[BenchResult]) -> BenchResult:
+    """Runs over disjoint groups of prompts (each decoded with its own cache) as one result: their datasets in order,
+    the first run's settings with every warm-up added, the interruption of the run that stopped, if any."""
+    first, stopped = results[0], next((r for r in results if r.partial), None)
+    settings = {**first.settings, "warm_up_seconds": round(sum(r.settings.get("warm_up_seconds", 0) for r in results), 1)}
+    return BenchResult(datasets={k: v for r in results for k, v in r.datasets.items()}, settings=settings,
+                       partial=stopped.partial if stopped else None,
+                       stopped_by=stopped.stopped_by if stopped else first.stopped_by)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's time limit, ``timeout``) during a bench: handled like Ctrl-C, a partial report."""
 

@@ -18,11 +18,10 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
     without manifest.json.
     """
     from eyas.bench.report import MARKERS, write_report
-    from eyas.bench.run import BenchResult, decoders, run_bench
+    from eyas.bench.run import BenchResult, decoders
     from eyas.data.fits_target import require_data_fits
     from eyas.data.render import read_chat_template, require_chat_template
-    from eyas.engine.loading import load_engine, load_target_for
-    from eyas.engine.room import checked_capacity
+    from eyas.engine.loading import load_target_for
     from eyas.manifest import clear_manifest, input_record, verify_stage_dir, write_manifest
     from eyas.outputs import StageOut
     from eyas.progress import progress_bar
@@ -60,18 +59,8 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
                                                                [d for d in options.datasets if d not in PREPARED])
     chosen, dropped = bench_prompts(options, tokenizer, template, long_room(config, options.max_new_tokens, modes))
     if target is not None:
-        # caches sized to the longest chosen prompt, not to --max-prompt-tokens: static-shape attention (CUDA graphs)
-        # spans the whole cache, and a multi-token step costs ~2× more over 2,048 slots than over 660 (BENCHMARKS.md)
-        capacity = checked_capacity(target, max(len(prompt.input_ids) for prompt in chosen), options.max_new_tokens,
-                                    modes, len(chosen), "--max-prompt-tokens")  # what fits, before any cache exists
-        engine = load_engine(options.target, options.draft, capacity, options.device, options.trust_remote_code,
-                             target=target, graphs=options.graphs, compile=options.compile, lean=options.lean,
-                             modes=modes)
-        stops = engine.stop_ids
         with progress_bar("bench", len(chosen), unit="prompt") as bar:
-            result = run_bench(engine.target_runner, engine.draft_runner, chosen, modes, samplings,
-                               options.max_new_tokens, engine.stop_ids, progress=bar if show_progress else None,
-                               repeats=options.repeats, samples=options.samples)
+            result, stops = measure_by_cache(options, target, chosen, modes, samplings, bar if show_progress else None)
         result.settings["dtype"] = str(target.model.dtype).removeprefix("torch.")
     else:
         result = BenchResult(datasets={}, settings={"modes": [m.label() for m in modes], "temperature": options.sampling().temperature,
@@ -86,6 +75,53 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
         if result.partial is None:  # an interrupted run's report is not the stage's result
             write_manifest(options.out, "bench", options, inputs, written, target=facts)
     return result, header
+
+
+def cache_groups(prompts: list) -> list[list]:
+    """The prompts that share one engine: every dataset's together, each sharegpt-long bucket apart (its own cache, so
+    that a bucket's speed is that of its own lengths: static-shape attention spans the whole cache)."""
+    from eyas.data.benchmarks import LONG
+
+    groups: dict[str, list] = {}
+    for prompt in prompts:
+        groups.setdefault(prompt.dataset if prompt.dataset.startswith(LONG) else "", []).append(prompt)
+    return list(groups.values())
+
+
+def measure_by_cache(options: BenchOptions, target, prompts: list, modes, samplings, progress):
+    """eyas' engine over ``prompts``, one engine a cache group (:func:`cache_groups`), each cache sized to its group's
+    longest prompt, not to --max-prompt-tokens (a multi-token step costs ~2× more over 2,048 slots than over 660,
+    BENCHMARKS.md) → (the groups' results as one, the stop ids). Interrupted: what the groups measured so far."""
+    import signal
+
+    from eyas.bench.run import Terminated, merged_results, run_bench
+    from eyas.engine.loading import load_engine
+    from eyas.engine.room import checked_capacity
+
+    groups = cache_groups(prompts)
+    capacities = [checked_capacity(target, max(len(p.input_ids) for p in group), options.max_new_tokens, modes,
+                                   len(group), "--max-prompt-tokens") for group in groups]  # all, before any cache
+    results, stops = [], set()
+    for group, capacity in zip(groups, capacities, strict=True):
+        engine = load_engine(options.target, options.draft, capacity, options.device, options.trust_remote_code,
+                             target=target, graphs=options.graphs, compile=options.compile, lean=options.lean,
+                             modes=modes)
+        stops = engine.stop_ids
+        try:
+            results.append(run_bench(engine.target_runner, engine.draft_runner, group, modes, samplings,
+                                     options.max_new_tokens, engine.stop_ids, progress=progress,
+                                     repeats=options.repeats, samples=options.samples))
+        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as Terminated, before this group measured a prompt
+            if not results:  # nothing measured at all
+                raise
+            how = "SIGTERM" if isinstance(err, Terminated) else "Ctrl-C"
+            results[-1].partial = f"interrupted ({how}) before {group[0].dataset} was measured"
+            results[-1].stopped_by = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
+        finally:
+            engine.target_runner.close()  # its hooks off the model: the next group's engine adds its own
+        if results[-1].partial:
+            break
+    return merged_results(results), stops
 
 
 def long_room(config, new_tokens: int, modes) -> int | None:
