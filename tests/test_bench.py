@@ -367,3 +367,31 @@ def test_long_buckets_interrupted_between_caches_report_what_was_measured(setup,
     assert report["partial"] == "interrupted (Ctrl-C) before sharegpt-long:2k was measured"
     assert [r["dataset"] for r in report["rows"]] == ["sharegpt-long:1k"]
     assert not (tmp_path / "report" / "manifest.json").exists()
+
+
+def test_the_long_context_table_gives_each_bucket_beside_transformers_static_cache(setup, tmp_path, monkeypatch):
+    """benchmarks/long_context.py (issue 47's table): per length bucket, over a cache of that bucket's size,
+    transformers' static-cache generate, eyas plain and each mode (τ, tok/s, greedy == plain), with run.json."""
+    import sys
+    from pathlib import Path
+
+    root, _, _ = setup
+    target = zoo.save_llama(tmp_path / "target", max_position_embeddings=4096)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import long_context
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["long_context.py", "--target", target, "--draft", str(root / "draft"), "--data",
+                                      str(long_holdout(tmp_path / "data")), "--prompts", "1", "--max-new-tokens", "5",
+                                      "--modes", "chain:3", "--device", "cpu", "--dtype", "fp32", "--no-compile",
+                                      "--out", str(out)])
+    long_context.main()
+    rows = json.loads((out / "long_context.json").read_text())["rows"]
+    assert [(r["bucket"], r["capacity"]) for r in rows] == [("sharegpt-long:1k", 250 + 5 + 3 + 1),
+                                                             ("sharegpt-long:2k", 1400 + 9), ("sharegpt-long:4k", 2900 + 9)]
+    for row in rows:
+        assert row["transformers_static_tokens_per_second"] > 0 and row["plain_tokens_per_second"] > 0
+        [mode] = row["modes"]
+        assert mode["mode"] == "chain:3" and mode["matches_plain"] == 1 and mode["tau"] >= 1
+    assert "| sharegpt-long:4k | 1 | 2,900 |" in (out / "long_context.md").read_text()
+    assert json.loads((out / "run.json").read_text())["script"] == "benchmarks/long_context.py"
