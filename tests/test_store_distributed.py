@@ -14,7 +14,7 @@ import zoo
 def run_capture(args, nproc=None, env=None):
     command = [sys.executable, "-m", "eyas", "capture", *args]
     if nproc:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "29613",
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", zoo.free_port(),
                    "-m", "eyas", "capture", *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

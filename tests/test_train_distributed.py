@@ -15,8 +15,8 @@ import zoo
 def run_train(args, nproc=None):
     command = [sys.executable, "-m", "eyas", "train", *args]
     if nproc:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "29614",
-                   "-m", "eyas", "train", *args]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+                   zoo.free_port(), "-m", "eyas", "train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
@@ -69,7 +69,7 @@ def test_fsdp2_run_killed_and_resumed_equals_uninterrupted(tmp_path):
     script = tmp_path / "kill.py"
     script.write_text(KILL_AT_STEP_2)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    killed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29615",
+    killed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", zoo.free_port(),
                              str(script), *common, "--out", str(tmp_path / "resumed")], capture_output=True, text=True, env=env,
                             timeout=600)
     assert killed.returncode != 0 and (tmp_path / "resumed" / "checkpoints" / "step-00000002").is_dir()
@@ -90,7 +90,7 @@ def test_a_run_resumes_exactly_on_another_number_of_processes(tmp_path, before, 
               "--ttt-steps", "2", "--lr", "1e-3", "--checkpoint-every", "2", "--eval-batches", "1", "--fsdp"]
     accum = {1: ["--grad-accum", "2"], 2: ["--grad-accum", "1"]}  # two micro-batches a step either way
     launch = {1: [sys.executable], 2: [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                       "--master-port", "29616"]}
+                                       "--master-port", zoo.free_port()]}
     run_train(common[1:] + accum[before] + ["--out", str(tmp_path / "clean")], nproc=before if before > 1 else None)
     script = tmp_path / "kill.py"
     script.write_text(KILL_AT_STEP_2)

@@ -333,3 +333,13 @@ def assert_same_final_weights(run_a: Path, run_b: Path) -> None:
     assert set(a) == set(b)
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def free_port() -> str:
+    """A port no process listens on now, for torch.distributed.run's --master-port: tests side by side (pytest-xdist
+    workers) must not share a rendezvous port."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
