@@ -92,6 +92,7 @@ def measure_by_cache(options: BenchOptions, target, prompts: list, modes, sampli
     """eyas' engine over ``prompts``, one engine a cache group (:func:`cache_groups`), each cache sized to its group's
     longest prompt, not to --max-prompt-tokens (a multi-token step costs ~2× more over 2,048 slots than over 660,
     BENCHMARKS.md) → (the groups' results as one, the stop ids). Interrupted: what the groups measured so far."""
+    import gc
     import signal
 
     from eyas.bench.run import Terminated, merged_results, run_bench
@@ -119,6 +120,8 @@ def measure_by_cache(options: BenchOptions, target, prompts: list, modes, sampli
             results[-1].stopped_by = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
         finally:
             engine.target_runner.close()  # its hooks off the model: the next group's engine adds its own
+            del engine  # its cache and recordings freed before the next group's are allocated
+            gc.collect()
         if results[-1].partial:
             break
     return merged_results(results), stops

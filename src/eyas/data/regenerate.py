@@ -21,8 +21,8 @@ from eyas.data.conversation import Conversation, Turn
 from eyas.data.generators import Answer, GenerationError, HFGenerator, OpenAIServerGenerator, TurnGenerator
 from eyas.data.options import RegenerationOptions
 from eyas.errors import EyasError
-from eyas.options import field_flag
 from eyas.io import write_json_atomic
+from eyas.options import field_flag
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +274,7 @@ def claim_answer_settings(out: Path, options: RegenerationOptions, journaled: bo
 
             def said(settings: dict) -> str:
                 return ", ".join(f"{flags.get(key, key)} {value:g}" for key, value in settings.items())
+
             raise JournalError(f"the journals in {out} hold answers generated with {said(held)}, not {said(wanted)}: "
                                f"rerun with those options to resume them, or delete {out}/regenerated*.jsonl and "
                                f"{SETTINGS} to answer again")
