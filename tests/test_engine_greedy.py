@@ -373,3 +373,23 @@ def test_a_tree_picks_the_same_proposals_by_pairs_as_by_sorting(top_k, depth, to
     parents = torch.cat([torch.full((top_k,), -1), torch.arange(len(depths) - top_k) // top_k])
     _, _, tree_depths = select(ids, parents, scores, depths, torch.zeros(len(depths), dtype=torch.long), total)
     assert torch.equal(tree_depths, torch.sort(tree_depths).values)
+
+
+def test_an_eager_prefill_computes_only_the_last_tokens_logits():
+    """A prefill that runs eagerly (a prompt past the recorded buckets, or no graphs) asks the target's head for the
+    last prompt token's logits only — a long prompt's [P, V] would cost a head matmul and memory over every prompt
+    token (8,192 × 49,152 for the demo target) — and they are the full forward's last row."""
+    from zoo import llama
+
+    torch.manual_seed(0)
+    model = llama().float().eval()
+    prompt = torch.randint(1, model.config.vocab_size, (1, 40))
+    with torch.no_grad():
+        expected = model(prompt).logits[0, -1]
+    heads = []
+    model.lm_head.register_forward_hook(lambda module, args, out: heads.append(tuple(out.shape)))
+    target = TargetRunner(model, discover_layout(model), None, 64)
+    logits, aux = target.prefill(prompt)
+    assert heads == [(1, 1, model.config.vocab_size)] and aux.shape[1] == 40
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    target.close()

@@ -123,7 +123,11 @@ class TargetRunner:
                 and bucket <= self.capacity):
             causal = torch.ones(length, length, dtype=torch.long, device=self.device).tril()
             positions = self._slot_index[:length].view(1, length)
-            logits = self._forward(self._zero, prompt.to(self.device), positions, causal, visible=length, hf=True)
+            # only the last token's logits: a long prompt's [P, V] logits cost a matmul and memory the size of the
+            # target's head over every prompt token (8,192 × 49,152 for the demo target)
+            last = torch.tensor([length - 1], device=self.device) if self._keeps_logits else None
+            logits = self._forward(self._zero, prompt.to(self.device), positions, causal, keep=last, visible=length,
+                                   hf=True)
             self.cache.consolidate()  # before any graph records the cache's addresses
             self._allocated = True
             self.length = length
