@@ -75,26 +75,35 @@ def prompt_part(sample) -> list[int] | None:
     return sample.input_ids[: masked[0]].tolist() if len(masked) else None
 
 
-NO_PROMPT = "no prompt before its answer"
-TOO_LONG_FOR_WINDOW = "longer than the target's window leaves room for"  # a sharegpt-long prompt  # a held-out conversation whose first token is already an answer's
+NO_PROMPT = "no prompt before its answer"  # a held-out conversation whose first token is already an answer's
+TOO_LONG_FOR_WINDOW = "longer than the target's window leaves room for"  # a sharegpt-long prompt
 
 
 def holdout_prompts(data_dir: Path | None, dropped: dict[str, int] | None = None) -> list[Prompt]:
     """The prompt part (up to the first assistant token) of each held-out conversation, once per conversation (a
     DATA_DIR with two answer sets per conversation holds its prompt twice); a conversation with none is counted in
     ``dropped`` (under :data:`NO_PROMPT`) when given."""
+    return _held_out("sharegpt-holdout", data_dir, prompt_part, lambda ids: "sharegpt-holdout", dropped)
+
+
+def _held_out(name: str, data_dir: Path | None, part, label, dropped: dict[str, int] | None) -> list[Prompt]:
+    """Once per held-out conversation, the ``part`` (ids, or None) of its first answer set that has one, as a prompt
+    of dataset ``label(ids)``; conversations with none counted in ``dropped`` under :data:`NO_PROMPT`."""
     from eyas.data.samples import conversation_of, read_samples
 
     path = Path(data_dir) / "holdout.parquet" if data_dir else None
     if path is None or not path.is_file():
-        raise EyasError(f"{path or 'DATA_DIR/holdout.parquet'} is missing: sharegpt-holdout needs --data DATA_DIR "
+        raise EyasError(f"{path or 'DATA_DIR/holdout.parquet'} is missing: {name} needs --data DATA_DIR "
                         "from `eyas prepare`")
     prompts, seen, without = [], set(), set()
     for sample in read_samples(path):
-        if (conversation := conversation_of(sample.id)) not in seen and (ids := prompt_part(sample)):
+        conversation = conversation_of(sample.id)
+        if conversation in seen:
+            continue
+        if ids := part(sample):
             seen.add(conversation)
-            prompts.append(Prompt("sharegpt-holdout", sample.id, ids))
-        elif not prompt_part(sample):
+            prompts.append(Prompt(label(ids), sample.id, ids))
+        else:
             without.add(conversation)
     if dropped is not None:
         dropped[NO_PROMPT] = dropped.get(NO_PROMPT, 0) + len(without - seen)
@@ -123,23 +132,7 @@ def long_prompts(data_dir: Path | None, dropped: dict[str, int] | None = None) -
     """Each held-out conversation's history before its last answer, once per conversation, labelled by its length
     bucket (:func:`length_bucket`), the buckets in order of length; a conversation with no prompt before an answer is
     counted in ``dropped`` (under :data:`NO_PROMPT`) when given."""
-    from eyas.data.samples import conversation_of, read_samples
-
-    path = Path(data_dir) / "holdout.parquet" if data_dir else None
-    if path is None or not path.is_file():
-        raise EyasError(f"{path or 'DATA_DIR/holdout.parquet'} is missing: {LONG} needs --data DATA_DIR from "
-                        "`eyas prepare`")
-    prompts, seen, without = [], set(), 0
-    for sample in read_samples(path):
-        if (conversation := conversation_of(sample.id)) in seen:
-            continue
-        seen.add(conversation)
-        if ids := history_part(sample):
-            prompts.append(Prompt(length_bucket(len(ids)), sample.id, ids))
-        else:
-            without += 1
-    if dropped is not None:
-        dropped[NO_PROMPT] = dropped.get(NO_PROMPT, 0) + without
+    prompts = _held_out(LONG, data_dir, history_part, lambda ids: length_bucket(len(ids)), dropped)
     return sorted(prompts, key=lambda p: int(p.dataset.rsplit(":", 1)[1][:-1]))  # stable: read order within a bucket
 
 
