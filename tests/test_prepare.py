@@ -162,19 +162,24 @@ def test_prepare_with_in_process_regeneration(tmp_path, tiny_target):
     assert stats.train_samples >= 4
 
 
-def test_regeneration_at_several_temperatures_keeps_every_answer_set(tmp_path, tiny_target):
-    """--temperature 0,0.8: every conversation answered once at each temperature, each set journaled in its own folder
-    (its greedy set the very answers a one-temperature run writes), both in DATA_DIR on one side of the split; a
-    rerun resumes both sets and regenerates nothing."""
+def test_regeneration_at_several_temperatures_keeps_every_answer_set(tmp_path, tiny_target, monkeypatch):
+    """--temperature 0,0.8: every conversation answered once at each temperature by one load of the target, each set
+    journaled in its own folder (its greedy set the very answers a one-temperature run writes), both in DATA_DIR on
+    one side of the split; a rerun resumes both sets and regenerates nothing."""
+    import eyas.target.loading
+
     source = write_dataset(tmp_path / "chats.jsonl", n=4)
     greedy = tmp_path / "greedy"
     prepare(PrepareOptions(target=str(tiny_target), data=[str(source)], out=greedy, holdout=0, regenerate=True,
                            regeneration=RegenerationOptions(max_new_tokens=6, batch_size=4)))
     both = tmp_path / "both"
+    loads, load = [], eyas.target.loading.load_target
+    monkeypatch.setattr(eyas.target.loading, "load_target", lambda *a, **k: loads.append(a) or load(*a, **k))
     result = CliRunner().invoke(app, ["prepare", "--target", str(tiny_target), "--data", str(source), "--out", str(both),
                                       "--holdout", "0.5", "--regenerate", "--temperature", "0,0.8",
                                       "--max-new-tokens", "6", "--batch-size", "4"])
     assert result.exit_code == 0, result.output
+    assert len(loads) == 1  # the target loaded once, for both sets of answers
     assert not list(both.glob("regenerated*.jsonl"))  # no journal of unknown temperature in DATA_DIR itself
     sets = {t: {c["id"]: c for c in journal_records(both / f"regenerated-T{t}" / "regenerated.jsonl")} for t in ("0", "0.8")}
     assert sets["0"] == {c["id"]: c for c in journal_records(greedy / "regenerated.jsonl")}

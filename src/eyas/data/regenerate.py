@@ -58,16 +58,21 @@ class JournalError(EyasError):
     """The journal cannot be used: unreadable, written for other data, or held by another run."""
 
 
-def make_generator(options: RegenerationOptions, target_spec: str | None, chat_template: str | None = None) -> TurnGenerator:
+def make_generator(options: RegenerationOptions, target_spec: str | None, chat_template: str | None = None,
+                   loaded: dict | None = None) -> TurnGenerator:
     """The server generator when ``options.server`` is set (the server applies its own template), else the target
-    loaded in-process, prompted with ``chat_template`` (a --chat-template file's text) or its tokenizer's."""
+    loaded in-process, prompted with ``chat_template`` (a --chat-template file's text) or its tokenizer's.
+    ``loaded``: targets already loaded, by spec (one load serves every set of answers of a run), added to."""
     if options.server:
         return OpenAIServerGenerator(options)
     if not target_spec:
         raise EyasError("regeneration needs a target to load in-process, or --server pointing at one already served")
     from eyas.target.loading import load_target
 
-    target = load_target(target_spec)
+    loaded = {} if loaded is None else loaded
+    if target_spec not in loaded:
+        loaded[target_spec] = load_target(target_spec)
+    target = loaded[target_spec]
     return HFGenerator(target.model, target.tokenizer, options, chat_template)
 
 

@@ -107,8 +107,10 @@ def regenerate_in_dir(
     """
     answered: list[Conversation] = []
     each_set = []
+    loaded: dict = {}  # the in-process target, loaded once for every set of answers
     for directory, one in answer_set_dirs(out, options):
-        done, stats = _regenerate_one_set(conversations, directory, target_spec, one, workers, progress, chat_template)
+        done, stats = _regenerate_one_set(conversations, directory, target_spec, one, workers, progress, chat_template,
+                                          loaded)
         answered += done
         each_set.append(asdict(stats))
     return answered, _summed(each_set)
@@ -116,7 +118,7 @@ def regenerate_in_dir(
 
 def _regenerate_one_set(conversations: list[Conversation], out: Path, target_spec: str | None,
                         options: RegenerationOptions, workers: int | None, progress: bool,
-                        chat_template: str | None) -> tuple[list[Conversation], RegenerationStats]:
+                        chat_template: str | None, loaded: dict) -> tuple[list[Conversation], RegenerationStats]:
     """One temperature's answers: what no journal in ``out`` holds yet regenerated, every finished one returned."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,7 +127,7 @@ def _regenerate_one_set(conversations: list[Conversation], out: Path, target_spe
     todo = [c for c in conversations if c.id not in finished]
     gpus = [] if options.server else worker_gpus(workers)
     if len(gpus) <= 1 or not todo:
-        generator = make_generator(options, target_spec, chat_template) if todo else None
+        generator = make_generator(options, target_spec, chat_template, loaded) if todo else None
         done, stats = regenerate(todo, out / SINGLE_JOURNAL, generator, options, progress=progress)
     else:
         stats, written = _run_workers(todo, out, target_spec, options, gpus, progress, chat_template)
