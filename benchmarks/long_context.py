@@ -7,11 +7,10 @@ static-cache generate at the same lengths, in one run.
 
 The prompts are eyas bench's ``sharegpt-long`` (each held-out conversation's history before its last answer, by
 length bucket: 1k, 2k, 4k, 8k; a DATA_DIR prepared with ``--max-length`` up to the target's window reaches the long
-ones), the first --prompts of each bucket. Each bucket is decoded over a cache of its own, sized as eyas bench sizes
-it (eyas.bench.stage.cache_groups): first by transformers' generate over a StaticCache of that capacity (without
-eyas' hooks on the model; every prompt once untimed, then timed), then by eyas' engine plain and in each mode
-(eyas.bench.run.run_bench, greedy: its warm-up, then every decoder on each prompt; the default compiled decoder on a
-GPU unless --no-compile). The table: bucket, prompts, mean prompt tokens, transformers static tok/s, eyas plain
+ones), the first --prompts of each bucket. Each bucket is decoded over a cache of its own, as eyas bench decodes it
+(eyas.bench.stage.measure_by_cache): by eyas' engine plain and in each mode (greedy: its warm-up, then every decoder
+on each prompt; the default compiled decoder on a GPU unless --no-compile), then by transformers' generate over a
+StaticCache of that capacity (eyas' hooks off the model by then; every prompt once untimed, then timed). The table: bucket, prompts, mean prompt tokens, transformers static tok/s, eyas plain
 tok/s and its ratio to transformers, each mode's τ, tok/s and ratio to eyas plain, greedy == plain. Written with
 run.json into --out (default benchmarks/results/<date>_<machine>_long-context/).
 """
@@ -47,30 +46,26 @@ def transformers_rate(model, prompts: list, capacity: int, max_new_tokens: int, 
     return tokens / seconds if seconds else 0.0
 
 
-def bucket_rows(args, target, groups, modes) -> list[dict]:
-    """One row per cache group (a length bucket): transformers first, then eyas' run_bench over the same prompts."""
-    from eyas.bench.run import run_bench
-    from eyas.engine.loading import load_engine
+def bucket_rows(args, target, prompts, modes) -> list[dict]:
+    """One row per length bucket: eyas' engine over every bucket, each on a cache of its own (eyas bench's
+    measure_by_cache), then transformers' static-cache generate at each bucket's capacity (the engine's hooks are off
+    the model by then)."""
+    from eyas.bench.options import BenchOptions
+    from eyas.bench.stage import cache_groups, measure_by_cache
     from eyas.engine.room import checked_capacity
     from eyas.speculation import Sampling
-    from eyas.target.loading import stop_ids
 
+    options = BenchOptions(target=args.target, out=Path("."), draft=args.draft, max_new_tokens=args.max_new_tokens,
+                           device=args.device, compile=args.compile)
+    result, stops = measure_by_cache(options, target, prompts, modes, [Sampling()], None)
     rows = []
-    for group in groups:
+    for group in cache_groups(prompts):
+        bucket = group[0].dataset
         capacity = checked_capacity(target, max(len(p.input_ids) for p in group), args.max_new_tokens, modes,
                                     len(group))
-        stops = set(stop_ids(target.model, target.tokenizer))
         hf = None if args.no_transformers else transformers_rate(target.model, group, capacity, args.max_new_tokens,
-                                                                  stops)
-        engine = load_engine(args.target, args.draft, capacity, args.device, target=target, compile=args.compile,
-                             modes=modes)
-        try:
-            result = run_bench(engine.target_runner, engine.draft_runner, group, modes, [Sampling()],
-                               args.max_new_tokens, engine.stop_ids)
-        finally:
-            engine.target_runner.close()  # its hooks off the model: the next bucket's transformers run has none
-        [(bucket, results)] = result.datasets.items()
-        plain, speculative = results[0], results[1:]
+                                                                  set(stops))
+        plain, *speculative = result.datasets[bucket]
         rows.append({"bucket": bucket, "prompts": len(group), "capacity": capacity,
                      "mean_prompt_tokens": sum(len(p.input_ids) for p in group) / len(group),
                      "transformers_static_tokens_per_second": hf, "plain_tokens_per_second": plain.tokens_per_second,
@@ -112,7 +107,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    from eyas.bench.stage import cache_groups, long_room
+    from eyas.bench.stage import long_room
     from eyas.data.benchmarks import LONG, MAX_PROMPT_TOKENS, load_prompts
     from eyas.engine.loading import load_target_for
     from eyas.engine.modes import parse_modes
@@ -124,7 +119,7 @@ def main() -> None:
                                     long_prompt_tokens=room)
     if not prompts:
         raise SystemExit(f"no sharegpt-long prompts in {args.data}: dropped {dropped}")
-    rows = bucket_rows(args, target, cache_groups(prompts), modes)
+    rows = bucket_rows(args, target, prompts, modes)
     device = next(target.model.parameters()).device
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     out = args.out or run_folder("long-context", machine)
