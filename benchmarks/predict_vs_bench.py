@@ -121,17 +121,16 @@ def main() -> None:
     from eyas.families.eagle3.load import load_drafter
 
     device = torch.device(args.device)
-    if args.predicted:  # the prompts the run predicted for: its datasets, its --predict-prompts
+    if args.predicted:  # the run's own prediction, as its card carries it, on its prompts: datasets, --predict-prompts
         run_options = json.loads((args.predicted / "train_options.json").read_text())
-        args.datasets, args.prompts = ",".join(run_options["predict"]), run_options["predict_prompts"]
-    target = load_target_for(args.draft, args.target, device=args.device, dtype=args.dtype)
-    prompts, dropped = load_prompts(args.datasets.split(","), target.tokenizer, args.data, args.prompts, MAX_PROMPT_TOKENS)
-    if args.predicted:  # the run's own prediction, as its card carries it
         final = json.loads((args.predicted / "report.json").read_text())["final_eval"]
+        args.datasets, args.prompts = ",".join(run_options["predict"]), run_options["predict_prompts"]
         rows, decoder, seconds = final["predicted"], final.get("predicted_by"), 0.0
         args.tokens = sorted({r["max_new_tokens"] for r in rows})
         args.modes = ",".join(dict.fromkeys(r["mode"] for r in rows))
-    else:
+    target = load_target_for(args.draft, args.target, device=args.device, dtype=args.dtype)
+    prompts, dropped = load_prompts(args.datasets.split(","), target.tokenizer, args.data, args.prompts, MAX_PROMPT_TOKENS)
+    if not args.predicted:
         drafter = load_drafter(args.draft, target.layout.embed.weight.detach(), target.layout.num_layers, device=device,
                                dtype=torch.float32)
         rows, decoder, seconds = predicted(target, drafter, prompts, args, device)
