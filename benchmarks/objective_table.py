@@ -2,9 +2,10 @@
 
 Each RUN_DIR is a finished `eyas train --predict …` run (every variant trained at equal tokens: the same --max-steps and
 --token-budget, or say so); the first is the baseline ("base"), and the table names every other run by the options it
-was started with unlike the baseline (--objective lk-lambda, --ttt-steps 5, --data mix-all, …), and gives its training tokens, the holdout's simulated τ, and, per dataset,
-the predicted τ of bench's chains at each temperature and answer length (what `eyas bench` measures on those prompts:
-benchmarks/predict_vs_bench.py checks it against bench's loop).
+was started with unlike the baseline (--objective lk-lambda, --ttt-steps 5, --data mix-all, …), and gives its
+training tokens, the holdout's simulated τ, and, per dataset, the predicted τ of bench's chains at each temperature
+and answer length (what `eyas bench` measures on those prompts: benchmarks/predict_vs_bench.py checks it against
+bench's loop).
 
   python3 benchmarks/objective_table.py RUN_DIR [RUN_DIR ...] [--out table.md]
 """
