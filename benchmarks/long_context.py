@@ -10,9 +10,10 @@ length bucket: 1k, 2k, 4k, 8k; a DATA_DIR prepared with ``--max-length`` up to t
 ones), the first --prompts of each bucket. Each bucket is decoded over a cache of its own, as eyas bench decodes it
 (eyas.bench.stage.measure_by_cache): by eyas' engine plain and in each mode (greedy: its warm-up, then every decoder
 on each prompt; the default compiled decoder on a GPU unless --no-compile), then by transformers' generate over a
-StaticCache of that capacity (eyas' hooks off the model by then; every prompt once untimed, then timed). The table: bucket, prompts, mean prompt tokens, transformers static tok/s, eyas plain
-tok/s and its ratio to transformers, each mode's τ, tok/s and ratio to eyas plain, greedy == plain. Written with
-run.json into --out (default benchmarks/results/<date>_<machine>_long-context/).
+StaticCache of that capacity (eyas' hooks off the model by then; every prompt once untimed, then timed). The table:
+bucket, prompts, mean prompt tokens, transformers static tok/s, eyas plain tok/s and its ratio to transformers, each
+mode's τ, tok/s and ratio to eyas plain, greedy == plain. Written with run.json into --out (default
+benchmarks/results/<date>_<machine>_long-context/).
 """
 
 from __future__ import annotations
