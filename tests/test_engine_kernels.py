@@ -85,6 +85,32 @@ ATTENTION_CHECK = textwrap.dedent("""
           assert out.shape == expected.shape and out.dtype == dtype, (out.shape, out.dtype)
           error = (out.float() - expected).abs().max().item()
           assert error < tolerance, (heads, kv_heads, n, slots, dim, dtype, error)
+    # bounded by the filled slots: keys, values and mask past them are never read (NaN there, and a mask that
+    # would show them), a single filled block among eleven, the cache's last slot, a filled length on a block edge
+    kernels.TILE_ROWS, kernels.MERGE_ROWS, kernels.MAX_ROWS = shipped
+    for heads, kv_heads, n, slots, filled, dtype, tolerance in [
+            (9, 3, 6, 660, 200, torch.float32, 1e-5), (9, 3, 1, 660, 1, torch.float32, 1e-5),
+            (8, 2, 33, 300, 300, torch.float32, 1e-5), (9, 3, 5, 257, 128, torch.float16, 2e-3)]:
+        q = torch.randn(1, heads, n, 64, generator=gen).to(dtype)
+        keys = torch.randn(1, kv_heads, slots, 64, generator=gen).to(dtype)
+        values = torch.randn(1, kv_heads, slots, 64, generator=gen).to(dtype)
+        keys[:, :, filled:] = float("nan")
+        values[:, :, filled:] = float("nan")
+        length = filled - n
+        visible = torch.zeros(n, slots, dtype=torch.bool)
+        visible[:, :length] = True
+        visible[:, length:filled] = torch.ones(n, n, dtype=torch.bool).tril()
+        shown = visible.clone()
+        shown[:, filled:] = True
+        mask = torch.zeros(n, slots, dtype=dtype).masked_fill(~shown, torch.finfo(dtype).min)[None, None]
+        out = attend(q, keys, values, mask, 0.125, torch.tensor([filled]))
+        group = heads // kv_heads
+        expected = F.scaled_dot_product_attention(
+            q.float(), keys[:, :, :filled].repeat_interleave(group, 1).float(),
+            values[:, :, :filled].repeat_interleave(group, 1).float(), attn_mask=visible[:, :filled],
+            scale=0.125).transpose(1, 2).reshape(1, n, heads * 64)
+        error = (out.float() - expected).abs().max().item()
+        assert error < tolerance, ("filled", heads, kv_heads, n, slots, filled, dtype, error)
     # where the kernels do not apply: the caller runs SDPA
     q = torch.randn(1, 8, 100, 64)
     assert attend(q, torch.randn(1, 1, 150, 64), torch.randn(1, 1, 150, 64), torch.zeros(1, 1, 100, 150), 0.1) is None
@@ -148,7 +174,8 @@ def test_the_top_k_kernels_find_the_largest_entries_in_order():
 
 def test_the_attention_kernels_equal_sdpa_for_any_mask_and_head_grouping():
     """Grouped query heads (9 over 3 key heads, 8 over 2), one key head per query head, 1 to 61 tokens (1 to
-    6 tiles of query rows), head sizes 32 to 128, caches of 1 to 11 blocks with a partial last one, a tree mask."""
+    6 tiles of query rows), head sizes 32 to 128, caches of 1 to 11 blocks with a partial last one, a tree mask;
+    bounded by the filled slots (what lies past them never read)."""
     interpret(ATTENTION_CHECK)
 
 

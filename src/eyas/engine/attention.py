@@ -71,11 +71,16 @@ def kernels_available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
-           ) -> torch.Tensor | None:
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+           filled: torch.Tensor | None = None) -> torch.Tensor | None:
     """q [1, H, n, d], keys/values [1, Hkv, S, d], mask additive [1, 1, n, S] → [1, n, H·d], or None
     where the kernels do not apply (the caller has checked :func:`kernels_available`; on the CPU only
-    Triton's interpreter runs them, in the tests)."""
+    Triton's interpreter runs them, in the tests).
+
+    ``filled``: a one-element integer tensor on the device, the slots in use (the committed length plus the
+    step's own): no query sees a slot at or after it, whatever the mask says there. Blocks past it read
+    no keys or values and are not merged, so the cost follows the filled length while the launch keeps
+    the cache's shape — one recorded step serves every length."""
     if triton is None or not isinstance(mask, torch.Tensor):
         return None
     batch, heads, n, dim = q.shape
@@ -95,26 +100,30 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     partial = torch.empty(kv_heads, blocks, rows, dim, dtype=torch.float32, device=q.device)
     maxima = torch.empty(kv_heads, blocks, rows, dtype=torch.float32, device=q.device)
     sums = torch.empty(kv_heads, blocks, rows, dtype=torch.float32, device=q.device)
+    bounded = filled is not None
+    filled = filled if bounded else mask  # unread without BOUNDED: any pointer
     _block_attention[(kv_heads, blocks, tiles)](
-        q, keys, values, mask, partial, maxima, sums, n, slots, rows, scale,
+        q, keys, values, mask, partial, maxima, sums, filled, n, slots, rows, scale,
         q.stride(1), q.stride(2), keys.stride(1), keys.stride(2), mask.stride(0),
-        GROUP=group, DIM=dim, TILE=tile, BLOCK=BLOCK_SLOTS, EXACT=q.dtype == torch.float32)
+        GROUP=group, DIM=dim, TILE=tile, BLOCK=BLOCK_SLOTS, EXACT=q.dtype == torch.float32, BOUNDED=bounded)
     out = torch.empty(1, n, heads * dim, dtype=q.dtype, device=q.device)
     merge = min(MERGE_ROWS, rows)
-    _merge_blocks[(kv_heads, triton.cdiv(rows, merge))](partial, maxima, sums, out, n, blocks, rows, GROUP=group,
-                                                        DIM=dim, TILE=merge, BLOCKS=triton.next_power_of_2(blocks))
+    _merge_blocks[(kv_heads, triton.cdiv(rows, merge))](partial, maxima, sums, out, filled, n, blocks, rows,
+                                                        GROUP=group, DIM=dim, TILE=merge, BLOCK=BLOCK_SLOTS,
+                                                        BLOCKS=triton.next_power_of_2(blocks), BOUNDED=bounded)
     return out
 
 
 if triton is not None:
 
     @triton.jit
-    def _block_attention(q_ptr, k_ptr, v_ptr, mask_ptr, partial_ptr, maxima_ptr, sums_ptr, n, slots, rows_all, scale,
-                         stride_qh, stride_qn, stride_kh, stride_ks, stride_mn,
+    def _block_attention(q_ptr, k_ptr, v_ptr, mask_ptr, partial_ptr, maxima_ptr, sums_ptr, filled_ptr, n, slots,
+                         rows_all, scale, stride_qh, stride_qn, stride_kh, stride_ks, stride_mn,
                          GROUP: tl.constexpr, DIM: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
-                         EXACT: tl.constexpr):
+                         EXACT: tl.constexpr, BOUNDED: tl.constexpr):
         """Program (key head, block, tile): rows r = (query head kv·GROUP + r // n, token r % n) of the tile
-        against the block's slots → the unnormalised output, row maximum and row sum of exp(score − maximum)."""
+        against the block's slots → the unnormalised output, row maximum and row sum of exp(score − maximum).
+        BOUNDED: slots from *filled_ptr on are not read (a block wholly past it: maximum −inf, sum 0)."""
         kv, block = tl.program_id(0), tl.program_id(1)
         rows = tl.program_id(2) * TILE + tl.arange(0, TILE)
         row_ok = rows < GROUP * n
@@ -124,6 +133,8 @@ if triton is not None:
                     mask=row_ok[:, None], other=0.0)
         slot = block * BLOCK + tl.arange(0, BLOCK)
         slot_ok = slot < slots
+        if BOUNDED:
+            slot_ok = slot_ok & (slot < tl.load(filled_ptr))
         at = kv * stride_kh + slot[:, None] * stride_ks + dims[None, :]
         k = tl.load(k_ptr + at, mask=slot_ok[:, None], other=0.0)
         v = tl.load(v_ptr + at, mask=slot_ok[:, None], other=0.0)
@@ -149,23 +160,28 @@ if triton is not None:
         tl.store(sums_ptr + base + rows, tl.sum(weights, 1))
 
     @triton.jit
-    def _merge_blocks(partial_ptr, maxima_ptr, sums_ptr, out_ptr, n, blocks, rows_all, GROUP: tl.constexpr,
-                      DIM: tl.constexpr, TILE: tl.constexpr, BLOCKS: tl.constexpr):
+    def _merge_blocks(partial_ptr, maxima_ptr, sums_ptr, out_ptr, filled_ptr, n, blocks, rows_all, GROUP: tl.constexpr,
+                      DIM: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr, BLOCKS: tl.constexpr,
+                      BOUNDED: tl.constexpr):
         """Program (key head, tile of rows): every block's partial rescaled to the overall row maximum, summed
-        and normalised, written as out[token, head·DIM + d]."""
+        and normalised, written as out[token, head·DIM + d]. BOUNDED: the blocks holding slots before *filled_ptr
+        alone."""
         kv = tl.program_id(0)
         rows = tl.program_id(1) * TILE + tl.arange(0, TILE)
         row_ok = rows < GROUP * n
         dims = tl.arange(0, DIM)
+        used = blocks
+        if BOUNDED:
+            used = tl.minimum(tl.cdiv(tl.load(filled_ptr).to(tl.int32), BLOCK), blocks)
         each = tl.arange(0, BLOCKS)
         at = (kv * blocks + each)[:, None] * rows_all + rows[None, :]
-        maxima = tl.load(maxima_ptr + at, mask=(each < blocks)[:, None], other=float("-inf"))
+        maxima = tl.load(maxima_ptr + at, mask=(each < used)[:, None], other=float("-inf"))
         overall = tl.max(maxima, 0)
         overall = tl.where(overall == float("-inf"), 0.0, overall)
-        sums = tl.load(sums_ptr + at, mask=(each < blocks)[:, None], other=0.0)
+        sums = tl.load(sums_ptr + at, mask=(each < used)[:, None], other=0.0)
         total = tl.sum(sums * tl.exp(maxima - overall[None, :]), 0)
         acc = tl.zeros((TILE, DIM), dtype=tl.float32)
-        for block in range(blocks):
+        for block in range(used):
             base = (kv * blocks + block) * rows_all
             weight = tl.exp(tl.load(maxima_ptr + base + rows) - overall)
             acc += tl.load(partial_ptr + (base + rows)[:, None] * DIM + dims[None, :]) * weight[:, None]

@@ -90,10 +90,11 @@ class FusedLlamaForward:
                 aux: torch.Tensor) -> torch.Tensor:
         hidden = self.layout.embed(ids)
         cos, sin = self.rotary(hidden, positions)
+        filled = slots.max().view(1) + 1  # no query sees a slot past the step's own: attention stops there
         for layer_id, (layer, qkv_weight, qkv_bias, gate_up_weight) in enumerate(self.layers):
             self._tap(aux, layer_id, hidden)
             hidden = hidden + self._attention(layer, layer_id, layer.input_layernorm.forward(hidden), qkv_weight,
-                                              qkv_bias, cos, sin, mask, slots)
+                                              qkv_bias, cos, sin, mask, slots, filled)
             mlp = layer.mlp
             gate, up = F.linear(layer.post_attention_layernorm.forward(hidden), gate_up_weight).chunk(2, dim=-1)
             hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
@@ -106,7 +107,7 @@ class FusedLlamaForward:
         if index is not None:
             self.taps.view(aux, index)[:, : hidden.shape[1]].copy_(hidden)
 
-    def _attention(self, layer, layer_id, x, qkv_weight, qkv_bias, cos, sin, mask, slots) -> torch.Tensor:
+    def _attention(self, layer, layer_id, x, qkv_weight, qkv_bias, cos, sin, mask, slots, filled) -> torch.Tensor:
         attention = layer.self_attn
         batch, n, _ = x.shape
         head_dim = attention.head_dim
@@ -118,7 +119,7 @@ class FusedLlamaForward:
             q, k = attention.q_norm.forward(q), attention.k_norm.forward(k)
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         keys, values = self.cache.update(k, v.transpose(1, 2), layer_id)  # [1, kv_heads, capacity, d]
-        out = attend(q, keys, values, mask, attention.scaling) if self.kernels else None  # split across the cache
+        out = attend(q, keys, values, mask, attention.scaling, filled) if self.kernels else None  # split across the cache
         if out is not None:
             return attention.o_proj(out)
         group = heads // kv_heads

@@ -131,7 +131,9 @@ class DraftRunner:
         in_window = (relative >= 0) & (relative < width)
         visible = (relative < 0) | (self._window[:, relative.clamp(0, width - 1)] & in_window)
         if self._kernels:  # the split-cache kernels (eyas.engine.attention) take an additive mask
-            out = attend(q, self.keys, self.values, additive_mask(visible, q.dtype), q.shape[-1] ** -0.5)
+            # nothing past the window is seen: attention stops at its end, however large the cache
+            out = attend(q, self.keys, self.values, additive_mask(visible, q.dtype), q.shape[-1] ** -0.5,
+                         offsets[:1] + width)
             if out is not None:
                 return out.view(1, n, -1, q.shape[-1]).transpose(1, 2)
         return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=visible)
