@@ -393,3 +393,54 @@ def test_an_eager_prefill_computes_only_the_last_tokens_logits():
     assert heads == [(1, 1, model.config.vocab_size)] and aux.shape[1] == 40
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
     target.close()
+
+
+def test_an_eager_prefill_attends_causally_with_no_prompt_square_mask(monkeypatch):
+    """An SDPA target's eager prefill asks transformers' SDPA attention for causal attention over the prompt alone (no
+    mask, so its flash kernels may run) in every layer, and builds no [P, P] mask; its logits and aux states are those
+    of the explicit mask's prefill. A target whose layers slide a window keeps the explicit mask."""
+    import transformers.integrations.sdpa_attention as sdpa
+    from eyas.engine import attention
+    from zoo import gemma3_text, llama
+
+    calls, masks = [], []
+    real_sdpa, real_mask = sdpa.sdpa_attention_forward, attention.additive_mask
+    monkeypatch.setattr(sdpa, "sdpa_attention_forward", lambda module, q, k, v, mask, *a, **kw: (
+        calls.append((q.shape[2], k.shape[2], mask is None, kw.get("is_causal"))), real_sdpa(module, q, k, v, mask, *a, **kw))[1])
+    monkeypatch.setattr(attention, "additive_mask", lambda visible, dtype: (masks.append(tuple(visible.shape)),
+                                                                            real_mask(visible, dtype))[1])
+    torch.manual_seed(0)
+    model = llama().float().eval()
+    prompt = torch.randint(1, model.config.vocab_size, (1, 40))
+    causal = TargetRunner(model, discover_layout(model), None, 64)
+    logits, aux = (t.clone() for t in causal.prefill(prompt))
+    assert calls == [(40, 40, True, True)] * model.config.num_hidden_layers and masks == []
+    causal.close()
+    explicit = TargetRunner(model, discover_layout(model), None, 64)
+    explicit._causal_prefill = False
+    expected_logits, expected_aux = explicit.prefill(prompt)
+    assert masks == [(40, 40)]
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(aux, expected_aux, rtol=1e-5, atol=1e-5)
+    explicit.close()
+    calls.clear()
+    windowed_model = gemma3_text().float().eval()
+    windowed = TargetRunner(windowed_model, discover_layout(windowed_model), None, 64)
+    windowed.prefill(prompt % 200 + 1)
+    assert not windowed._causal_prefill and calls == []
+    windowed.close()
+
+
+def test_causal_attention_over_a_longer_cache_sees_each_querys_own_past():
+    """Keys that are not the queries' own (earlier tokens before them) get the causal mask built for the call: each of
+    the n queries, the last n positions, sees the keys up to its own."""
+    from torch import nn
+
+    from eyas.engine.causal_prefill import causal_sdpa
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 4, 7, 8), torch.randn(1, 4, 7, 8)
+    out, _ = causal_sdpa(nn.Module(), q, k, v, None, scaling=8 ** -0.5)
+    seen = torch.ones(3, 7, dtype=torch.bool).tril(4)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=seen).transpose(1, 2)
+    torch.testing.assert_close(out, expected)

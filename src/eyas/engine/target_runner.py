@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from eyas.engine.attention import layer_masks, sliding_rule
+from eyas.engine.causal_prefill import causal_prefill, no_mask, serves
 from eyas.engine.fused_llama import FusedLlamaForward, fused_support
 from eyas.engine.graphs import InputBuffer, StepGraphs
 from eyas.engine.kv import SlotCache
@@ -73,6 +74,7 @@ class TargetRunner:
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._prefill_inputs: dict[int, InputBuffer] = {}  # bucket → [last prompt index, ids (bucket)]
         self._causal: dict[int, torch.Tensor] = {}
+        self._causal_prefill = serves(model, self.sliding_window)  # eager prefills without a [P, P] mask
         self._zero = torch.zeros(1, dtype=torch.long, device=self.device)
         self._slot_index = torch.arange(capacity, device=self.device)
         self.rounds: dict = {}  # (drafter id, mode) → its Round, whose buffers its recordings use (eyas.engine.round)
@@ -121,7 +123,9 @@ class TargetRunner:
         bucket = self.prefill_bucket(length)
         if not (self.bucketed_prefill and self._allocated and self._keeps_logits and bucket is not None
                 and bucket <= self.capacity):
-            causal = torch.ones(length, length, dtype=torch.long, device=self.device).tril()
+            # an SDPA target without windows attends causally over the prompt alone, no [P, P] mask built
+            causal = None if self._causal_prefill else \
+                torch.ones(length, length, dtype=torch.long, device=self.device).tril()
             positions = self._slot_index[:length].view(1, length)
             # only the last token's logits: a long prompt's [P, V] logits cost a matmul and memory the size of the
             # target's head over every prompt token (8,192 × 49,152 for the demo target)
@@ -159,23 +163,28 @@ class TargetRunner:
             raise EyasError(f"the sequence needs {length + n} cache slots, the engine holds {self.capacity}: "
                             "raise max_length (prompt + new tokens + draft tokens)")
 
-    def _forward(self, length: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, tree: torch.Tensor,
+    def _forward(self, length: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, tree: torch.Tensor | None,
                  keep: torch.Tensor | None = None, visible: int | None = None, hf: bool = False) -> torch.Tensor:
         """n tokens after ``length`` [1] committed ones: slots and mask come from the device-held length,
         attention over slots [0, ``visible``) (default: the whole capacity). ``keep`` [1]: the one position
-        whose logits are computed (a prefill). ``hf``: the HF forward even when the fused one serves."""
+        whose logits are computed (a prefill). ``hf``: the HF forward even when the fused one serves. ``tree`` None:
+        a prefill of an empty cache (``visible`` = n), plain causal attention (:mod:`eyas.engine.causal_prefill`)."""
         n = ids.shape[1]
         visible = self.capacity if visible is None else visible
-        tree = tree.bool()  # inside the step: recorded with it
         slots = length + self._slot_index[:n]
         self.cache.slots, self.cache.visible = slots, visible
         self.slot_positions.index_copy_(0, slots, positions[0])
+        extra = {} if keep is None else {"logits_to_keep": keep}
+        if tree is None:
+            with causal_prefill(self.model):
+                return self._run_model(ids, positions, no_mask(self.device), **extra).logits
+        tree = tree.bool()  # inside the step: recorded with it
         seen = (self._slot_index[:visible] < length).expand(n, visible).clone()
         seen.index_copy_(1, slots, tree)
         mask = self._masks(seen, positions[0])
         if self.fused is not None and keep is None and not hf:
             return self.fused.forward(ids, positions, mask, slots, self._aux)
-        return self._run_model(ids, positions, mask, **({} if keep is None else {"logits_to_keep": keep})).logits
+        return self._run_model(ids, positions, mask, **extra).logits
 
     def _run_model(self, token_ids: torch.Tensor, positions: torch.Tensor, mask, **extra):
         self._hooks.arm((1, token_ids.shape[1], self.layout.hidden_size))
