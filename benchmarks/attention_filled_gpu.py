@@ -36,6 +36,7 @@ def reference(q, keys, values, filled: int, n: int) -> torch.Tensor:
 
 def measure(n: int, capacity: int, fills: list[int], bounded: bool, repeats: int) -> list[dict]:
     from eyas.engine.attention import attend
+    from triton_kernels_gpu import recorded
 
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(n)
@@ -45,15 +46,7 @@ def measure(n: int, capacity: int, fills: list[int], bounded: bool, repeats: int
     mask = torch.zeros(1, 1, n, capacity, device=device, dtype=torch.bfloat16)
     filled = torch.tensor([capacity], device=device)
     step = (lambda: attend(q, keys, values, mask, SCALE, filled)) if bounded else (lambda: attend(q, keys, values, mask, SCALE))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = recorded(step)  # one recording, replayed at every filled length
     rows = []
     for fill in fills:
         filled.fill_(fill)

@@ -16,8 +16,8 @@ from eyas.engine.attention import additive_mask, attend
 from eyas.engine.topk import largest
 
 
-def graph_time(fn, iters: int = 200):
-    """µs per call of ``fn`` replayed from a CUDA graph of 20 calls, and its last output."""
+def recorded(fn, calls: int = 1):
+    """(a CUDA graph of ``calls`` calls of ``fn``, warmed up on a side stream first, and its last output)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -26,8 +26,14 @@ def graph_time(fn, iters: int = 200):
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(20):
+        for _ in range(calls):
             out = fn()
+    return graph, out
+
+
+def graph_time(fn, iters: int = 200):
+    """µs per call of ``fn`` replayed from a CUDA graph of 20 calls, and its last output."""
+    graph, out = recorded(fn, 20)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -18,7 +18,11 @@ many query rows, an odd head size, a GPU older than compute capability 8.0); the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
+from torch import nn
 
 try:  # Triton ships with CUDA builds of torch; the CPU build has none
     import triton
@@ -63,6 +67,30 @@ def layer_masks(visible: torch.Tensor, near: torch.Tensor | None, everywhere: bo
     if everywhere:
         return additive_mask(visible & near, dtype)
     return {"full_attention": additive_mask(visible, dtype), "sliding_attention": additive_mask(visible & near, dtype)}
+
+
+# keyword arguments of transformers' attention functions that change what attention computes beyond a mask
+BEYOND_A_MASK = ("softcap", "s_aux", "sinks", "position_bias")
+
+
+@contextmanager
+def sdpa_replaced(model: nn.Module, name: str, function) -> Iterator[bool]:
+    """Within the block, every attention layer of ``model`` that runs transformers' SDPA runs ``function`` (transformers'
+    attention signature, registered as ``name``) instead; yields whether any does (eager or other implementations are
+    left alone). CUDA graphs recorded inside keep it when replayed later."""
+    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None
+               and getattr(c, "_attn_implementation", None) == "sdpa"}
+    if configs:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(name, function)
+    for config in configs.values():
+        config._attn_implementation = name
+    try:
+        yield bool(configs)
+    finally:
+        for config in configs.values():
+            config._attn_implementation = "sdpa"
 
 
 def kernels_available(device: torch.device) -> bool:

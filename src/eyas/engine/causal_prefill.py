@@ -6,7 +6,7 @@ explicitly, the mask costs P² memory and time (an 8,192-token prompt: a 0.5 GB 
 Kimi-K2.5's 131 k window far more than the cache itself), and it keeps SDPA off its flash kernels, which take no mask.
 
 :func:`causal_prefill` switches a model's SDPA attention, for the length of a ``with`` block, to a function that ignores
-the mask it is handed (the engine passes :data:`NO_MASK`, a 4D placeholder transformers forwards untouched) and asks
+the mask it is handed (the engine passes :func:`no_mask`'s 4D placeholder, which transformers forwards untouched) and asks
 transformers' own SDPA attention for causal attention; a call it cannot serve so — keys that are not the queries' own
 (a cache with earlier tokens), or options beyond a mask (softcap, sinks, position bias) — gets the causal mask built
 for that call. Targets that slide a window or run another attention implementation keep the explicit mask
@@ -15,14 +15,12 @@ for that call. Targets that slide a window or run another attention implementati
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 from torch import nn
 
+from eyas.engine.attention import BEYOND_A_MASK, sdpa_replaced
+
 NAME = "eyas_causal_prefill"
-_SPECIAL = ("softcap", "s_aux", "sinks", "position_bias")  # what changes attention beyond a mask: a mask is built
 
 
 def no_mask(device: torch.device) -> torch.Tensor:
@@ -42,7 +40,7 @@ def causal_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
 
     kwargs.pop("is_causal", None)
     n, width = query.shape[2], key.shape[2]
-    if n == width and not any(kwargs.get(k) is not None for k in _SPECIAL):
+    if n == width and not any(kwargs.get(k) is not None for k in BEYOND_A_MASK):
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, is_causal=True,
                                       **kwargs)
     # the queries are the last n of the keys: each sees the keys up to its own
@@ -51,18 +49,7 @@ def causal_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
     return sdpa_attention_forward(module, query, key, value, mask[None, None], dropout=dropout, scaling=scaling, **kwargs)
 
 
-@contextmanager
-def causal_prefill(model: nn.Module) -> Iterator[None]:
-    """Within the block, ``model``'s SDPA attention layers run :func:`causal_sdpa` (the caller checked :func:`serves`)."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(NAME, causal_sdpa)
-    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None
-               and getattr(c, "_attn_implementation", None) == "sdpa"}
-    for config in configs.values():
-        config._attn_implementation = NAME
-    try:
-        yield
-    finally:
-        for config in configs.values():
-            config._attn_implementation = "sdpa"
+def causal_prefill(model: nn.Module):
+    """Within the block (a context manager), ``model``'s SDPA attention layers run :func:`causal_sdpa` (the caller
+    checked :func:`serves`)."""
+    return sdpa_replaced(model, NAME, causal_sdpa)

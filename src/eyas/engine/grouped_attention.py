@@ -18,14 +18,11 @@ inside keep it when replayed later).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eyas.engine.attention import kernels_available
+from eyas.engine.attention import BEYOND_A_MASK, kernels_available, sdpa_replaced
 
 try:  # Triton ships with CUDA builds of torch; the CPU build has none
     import triton
@@ -34,8 +31,6 @@ except ImportError:  # pragma: no cover — depends on the torch build
     triton = None
 
 NAME = "eyas_grouped_sdpa"
-# keyword arguments that change what attention computes beyond a mask: those calls stay with transformers
-_SPECIAL = ("softcap", "s_aux", "sinks", "position_bias")
 BLOCK_SLOTS = 64  # cache slots a program scores at once
 
 
@@ -76,7 +71,7 @@ def grouped_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
-    if length != 1 or groups == 1 or heads % kv_heads or any(kwargs.get(k) is not None for k in _SPECIAL):
+    if length != 1 or groups == 1 or heads % kv_heads or any(kwargs.get(k) is not None for k in BEYOND_A_MASK):
         return _sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if (attention_mask is not None and kernels_available(query.device) and not (module.training and dropout)
             and (out := one_token_attention(query, key, value, attention_mask, scaling or dim ** -0.5)) is not None):
@@ -89,27 +84,10 @@ def grouped_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     return out.reshape(batch, 1, heads, dim), None  # [B, Hkv, G, d] → [B, 1, H, d]: the same head order
 
 
-def _register() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(NAME, grouped_sdpa)
-
-
-@contextmanager
-def grouped_attention(model: nn.Module) -> Iterator[bool]:
-    """Within the block, every attention layer of ``model`` that runs transformers' SDPA runs :func:`grouped_sdpa`
-    instead; yields whether any does (eager or other implementations are left alone)."""
-    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None
-               and getattr(c, "_attn_implementation", None) == "sdpa"}
-    if configs:
-        _register()
-    for config in configs.values():
-        config._attn_implementation = NAME
-    try:
-        yield bool(configs)
-    finally:
-        for config in configs.values():
-            config._attn_implementation = "sdpa"
+def grouped_attention(model: nn.Module):
+    """Within the block (a context manager), every attention layer of ``model`` that runs transformers' SDPA runs
+    :func:`grouped_sdpa` instead; yields whether any does (eager or other implementations are left alone)."""
+    return sdpa_replaced(model, NAME, grouped_sdpa)
 
 
 if triton is not None:
