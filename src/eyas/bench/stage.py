@@ -79,7 +79,8 @@ def bench_stage(options: BenchOptions, show_progress: bool = True):
 
 def cache_groups(prompts: list) -> list[list]:
     """The prompts that share one engine: every dataset's together, each sharegpt-long bucket apart (its own cache, so
-    that a bucket's speed is that of its own lengths: static-shape attention spans the whole cache)."""
+    that a bucket's speed is that of its own lengths: static-shape masks, and attention where the GPU's kernels do not
+    stop at the filled slots, span the whole cache)."""
     from eyas.data.benchmarks import LONG
 
     groups: dict[str, list] = {}

@@ -3,7 +3,7 @@
 Committed tokens occupy cache slots [0, length); a forward writes its n tokens at [length, length+n) and
 sees every committed slot plus the new ones its mask allows (a tree's nodes: their ancestors). A
 decoding step (:meth:`TargetRunner.verify`) takes the committed length as a device tensor and attends
-over the whole cache, its mask built on the device: every step of n tokens has the same shapes and
+over the cache (the GPU's kernels stop at the filled slots), its mask built on the device: every step of n tokens has the same shapes and
 addresses, which is what a CUDA graph needs, and the host never waits for it. The accepted tokens of
 a tree are then copied down to the slots after the committed ones (:meth:`TargetRunner.move_slots`).
 

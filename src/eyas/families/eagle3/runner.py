@@ -8,8 +8,8 @@ previous step's (its pre-norm output; the post-norm one under EAGLE-3.1's norm_o
 mapped to a target id, position + 1. "pre-norm" below names that hidden.
 
 A round's passes (:meth:`commit`, :meth:`speculate`) take every number — the committed length, how many
-states count — as device tensors and attend over the whole cache, the mask built on the device: the
-same shapes every round, no host synchronisation, so a round is recorded as one CUDA graph
+states count — as device tensors and attend over the cache (the GPU's kernels stop at the window's end), the mask
+built on the device: the same shapes every round, no host synchronisation, so a round is recorded as one CUDA graph
 (:mod:`eyas.engine.graphs`). A prompt's states are committed once per generation by
 :meth:`commit_prompt`, eagerly, as the target's prefill: a shape per prompt length would be recorded
 for good.
@@ -120,8 +120,8 @@ class DraftRunner:
         return F.scaled_dot_product_attention(q, self.keys[:, :, : start + n], self.values[:, :, : start + n], attn_mask=visible)
 
     def _attend_static(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Fixed shapes: keys written at slots from the device-held offsets, attention over the whole capacity;
-        slot s is seen when committed, or when it lies in the window and the mask allows it."""
+        """Fixed shapes: keys written at slots from the device-held offsets, attention over the whole capacity
+        (the kernels stop at the window's end); slot s is seen when committed, or when it lies in the window and the mask allows it."""
         n, width = q.shape[2], self._window.shape[1]
         offsets = self._offsets
         slots = offsets[1] + self._slot_index[:n]
