@@ -70,7 +70,7 @@ def main() -> None:
         source = OnlineSource(target, None, None, drafter.config.layer_ids, args.token_budget, device, torch.float32,
                               samples=long)
     # the drafter's own vocabulary: DATA_DIR's (vocab.safetensors) is another one unless the drafter was trained on it
-    draft_ids = drafter.to_target_ids(torch.arange(len(drafter.d2t), device=device))
+    draft_ids = drafter.vocabulary()
     head = target.layout.lm_head.weight.detach().float()
     autocast = training_autocast(device)
     depth_sum: dict = defaultdict(float)
@@ -95,7 +95,7 @@ def main() -> None:
             count[key] += int((base & chosen).sum())
     print(f"{seen} holdout conversations, TTT {args.ttt_steps}, {device}; simulated τ = 1 + mean accepted depth")
     for title, what in (("answer", "by place"), ("context", "by context")):
-        keys = sorted(k for k in count if k[0] == what)  # first answers before later ones, each by place
+        keys = sorted(k for k in count if k[0] == what)  # by place: first answers before later ones
         table(title, [(k[1], span(k[2], k[3]), count[k], depth_sum[k]) for k in keys])
 
 

@@ -53,7 +53,7 @@ def main() -> None:
     rows = []
     for draft in args.draft:
         drafter = load_drafter(draft, embed, target.layout.num_layers, device=device)
-        draft_ids = drafter.to_target_ids(torch.arange(len(drafter.d2t), device=device))
+        draft_ids = drafter.vocabulary()
         for name, data_dir in holdouts.items():
             source = OnlineSource(target, Path(data_dir), "holdout", drafter.config.layer_ids, args.token_budget,
                                   device, torch.float32)

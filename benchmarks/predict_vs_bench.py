@@ -58,7 +58,7 @@ def predicted(target, drafter, prompts, args, device) -> tuple[list[dict], str, 
                           samples=[a.sample() for a in answered])
     prediction = PredictionSet(answered, source, chain_depths(args.modes), tuple(args.tokens), bench_default("top_p"),
                                decoder)
-    draft_ids = drafter.to_target_ids(torch.arange(len(drafter.d2t), device=device))
+    draft_ids = drafter.vocabulary()
     head = target.layout.lm_head.weight.detach().to(torch.bfloat16 if device.type == "cuda" else torch.float32)
     rows = predict(drafter, prediction, head, draft_ids, training_autocast(device))
     return rows, decoder, time.perf_counter() - began

@@ -80,7 +80,7 @@ def _prediction(target, drafter, prompts, temperatures, samples, limit, modes="c
     source = OnlineSource(target, None, None, drafter.config.layer_ids, 4096, torch.device("cpu"), torch.float32,
                           samples=[a.sample() for a in answered])
     prediction = PredictionSet(answered, source, (3, 5), (limit // 2, limit) if halves else (limit,), 1.0, decoder)
-    draft_ids = drafter.to_target_ids(torch.arange(len(drafter.d2t)))
+    draft_ids = drafter.vocabulary()
     return predict(drafter, prediction, target.layout.lm_head.weight, draft_ids, nullcontext)
 
 

@@ -172,6 +172,10 @@ class Eagle3Drafter(nn.Module):
         """Map draft-vocabulary ids to target ids: id + d2t[id]."""
         return draft_ids + self.d2t[draft_ids]
 
+    def vocabulary(self) -> torch.Tensor:
+        """The target id of each draft-vocabulary entry [Vd], on d2t's device."""
+        return self.to_target_ids(torch.arange(len(self.d2t), device=self.d2t.device))
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         """Everything but the frozen target embedding."""
         return [p for p in self.parameters() if p.requires_grad]

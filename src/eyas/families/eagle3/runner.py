@@ -97,7 +97,7 @@ class DraftRunner:
 
     def vocabulary(self) -> torch.Tensor:
         """The target id of each draft-vocabulary entry [Vd]."""
-        return self.drafter.to_target_ids(torch.arange(len(self.drafter.d2t), device=self.drafter.d2t.device))
+        return self.drafter.vocabulary()
 
     def _compute(self, x, token_ids, positions, top_k: int, from_target: bool, attend):
         hidden = self.drafter.fuse(x.to(self.dtype)) if from_target else x
